@@ -1,0 +1,198 @@
+"""Builds events from adapter calls; one definition serves the sync, async and batch forms."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+import msgspec
+
+from producers.ids import derived_id, uuid7
+from schema import codec, keys
+from schema import events as ev
+from schema.errors import EventRejected, EventTooLarge
+
+R = TypeVar("R")
+Duration = int | float | dt.timedelta
+
+
+def utcnow() -> dt.datetime:
+    """The wall clock, timezone-aware: the default `occurred_at` of a new event."""
+    return dt.datetime.now(dt.UTC)
+
+
+class Prepared(msgspec.Struct, frozen=True):
+    """An event checked against the contract, ready to XADD."""
+
+    event_id: str
+    stream: str
+    payload: bytes
+
+
+class Encoder:
+    """Encodes an event, checks it as ingest will, and picks its shard stream."""
+
+    def __init__(self, shards: int, max_entry_bytes: int = codec.DEFAULT_MAX_ENTRY_BYTES) -> None:
+        self.shards = shards
+        self.max_entry_bytes = max_entry_bytes
+
+    def prepare(self, event: ev.Event) -> Prepared:
+        """Encode and validate; bad input raises `EventRejected` here, not in a dead letter."""
+        try:
+            payload = codec.encode(event)
+        except (TypeError, ValueError) as e:
+            raise EventRejected(codec.INVALID, f"cannot encode event: {e}") from e
+        if len(payload) > self.max_entry_bytes:
+            raise EventTooLarge(
+                codec.OVERSIZED, f"event is {len(payload)} bytes, the cap is {self.max_entry_bytes}"
+            )
+        checked = codec.decode(payload, self.max_entry_bytes)
+        stream = keys.stream(keys.shard_of(checked.agent, checked.channel, self.shards))
+        return Prepared(str(checked.event_id), stream, payload)
+
+
+def _seconds(value: Duration | None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, dt.timedelta):
+        return int(value.total_seconds())
+    return int(value)
+
+
+class Commands(ABC, Generic[R]):
+    """The producer verbs of DESIGN.md; `_send` decides what a call returns."""
+
+    clock: Callable[[], dt.datetime] = staticmethod(utcnow)
+
+    @abstractmethod
+    def _send(self, event: ev.Event) -> R:
+        """Deliver one event (or queue it, in a batch)."""
+
+    def push(self, event: ev.Event) -> R:
+        """Send an event built by the caller."""
+        return self._send(event)
+
+    def _common(self, agent: str, channel: str, opts: dict[str, Any]) -> dict[str, Any]:
+        occurred_at = opts.pop("occurred_at", None) or self.clock()
+        external_id = opts.get("external_id")
+        event_id: uuid.UUID = (
+            derived_id(opts.get("source"), external_id) if external_id else uuid7()
+        )
+        return {
+            "event_id": event_id,
+            "agent": agent,
+            "channel": channel,
+            "occurred_at": occurred_at,
+            **opts,
+        }
+
+    def post_message(
+        self,
+        agent: str,
+        channel: str,
+        role: str,
+        content: str | Sequence[Any],
+        *,
+        thread: str | None = None,
+        sender: str | None = None,
+        source: str | None = None,
+        external_id: str | None = None,
+        occurred_at: dt.datetime | None = None,
+    ) -> R:
+        """A user or assistant message; `content` is a string or Anthropic content blocks."""
+        fields = self._common(
+            agent,
+            channel,
+            {
+                "thread": thread,
+                "sender": sender,
+                "source": source,
+                "external_id": external_id,
+                "occurred_at": occurred_at,
+            },
+        )
+        body = content if isinstance(content, str) else list(content)
+        return self._send(ev.MessagePosted(role=role, content=body, **fields))  # type: ignore[arg-type]
+
+    def clear(self, agent: str, channel: str, **opts: Any) -> R:
+        """`/context clear`."""
+        return self._send(ev.ContextCleared(**self._common(agent, channel, opts)))
+
+    def save(self, agent: str, channel: str, description: str | None = None, **opts: Any) -> R:
+        """`/context save [description]`."""
+        return self._send(
+            ev.SessionSaveRequested(description=description, **self._common(agent, channel, opts))
+        )
+
+    def restore(self, agent: str, channel: str, session_id: str, **opts: Any) -> R:
+        """`/context restore <id|last>`."""
+        return self._send(
+            ev.SessionRestoreRequested(session_id=session_id, **self._common(agent, channel, opts))
+        )
+
+    def delete_session(self, agent: str, channel: str, session_id: str, **opts: Any) -> R:
+        """Delete (hide) one saved session."""
+        return self._send(
+            ev.SessionDeleteRequested(session_id=session_id, **self._common(agent, channel, opts))
+        )
+
+    def purge_sessions(self, agent: str, channel: str, keep: int, **opts: Any) -> R:
+        """Delete all but the newest `keep` sessions."""
+        return self._send(
+            ev.SessionsPurgeRequested(keep=keep, **self._common(agent, channel, opts))
+        )
+
+    def configure(
+        self,
+        agent: str,
+        channel: str,
+        *,
+        rolling_window: Duration | None = None,
+        idle_timeout: Duration | None = None,
+        token_budget: int | None = None,
+        **opts: Any,
+    ) -> R:
+        """Change per-conversation settings (durations in seconds or as timedelta)."""
+        return self._send(
+            ev.Configured(
+                rolling_window=_seconds(rolling_window),
+                idle_timeout=_seconds(idle_timeout),
+                token_budget=token_budget,
+                **self._common(agent, channel, opts),
+            )
+        )
+
+
+class Batch(Commands[str]):
+    """Collects events for one pipeline; each call returns the event id at once."""
+
+    def __init__(self, encoder: Encoder, clock: Callable[[], dt.datetime]) -> None:
+        self.encoder = encoder
+        self.clock = clock
+        self.prepared: list[Prepared] = []
+
+    def _send(self, event: ev.Event) -> str:
+        prepared = self.encoder.prepare(event)
+        self.prepared.append(prepared)
+        return prepared.event_id
+
+    @property
+    def ids(self) -> list[str]:
+        """Event ids in the order they were added."""
+        return [p.event_id for p in self.prepared]
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> int:
+    """Seconds in `90`, `90s`, `10m`, `24h` or `7d`; raises ValueError with the reason."""
+    raw = text.strip().lower()
+    unit = raw[-1:] if raw[-1:] in _UNITS else "s"
+    number = raw[:-1] if raw[-1:] in _UNITS else raw
+    if not number.isdigit():
+        raise ValueError(f"not a duration: {text!r} (use e.g. 90s, 10m, 24h, 7d)")
+    return int(number) * _UNITS[unit]

@@ -1,0 +1,135 @@
+"""Push events onto the sharded inbound streams, from a sync or an asyncio adapter."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from producers.commands import Batch, Commands, Encoder, Prepared, utcnow
+from schema import codec, keys
+from schema import events as ev
+from schema.errors import ConfigError, Unavailable
+
+
+def _check_shards(configured: bytes | str | None, shards: int) -> None:
+    """Refuse to write with a shard count other than the one ingest runs with."""
+    if configured is not None and int(configured) != shards:
+        raise ConfigError(
+            f"{keys.SHARDS_VAR} is {shards} here but ingest runs with {int(configured)}: "
+            f"set {keys.SHARDS_VAR}={int(configured)} for this producer"
+        )
+
+
+class _Base:
+    def __init__(
+        self,
+        *,
+        shards: int | None = None,
+        max_entry_bytes: int = codec.DEFAULT_MAX_ENTRY_BYTES,
+        clock: Callable[[], dt.datetime] = utcnow,
+    ) -> None:
+        # The one place the producers package reads the environment: DESIGN.md says the
+        # shard count comes from CONTEXTLOG_SHARDS unless the caller passes it.
+        count = keys.shards_from_env(os.environ) if shards is None else shards
+        self.encoder = Encoder(count, max_entry_bytes)
+        self.clock = clock
+        self._shards_checked = False
+
+    def _new_batch(self) -> Batch:
+        return Batch(self.encoder, self.clock)
+
+
+class Producer(_Base, Commands[str]):
+    """Synchronous producer: every call is one XADD and returns the event id."""
+
+    def __init__(self, client: redis.Redis, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.redis = client
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> Producer:
+        """A producer on the Redis at `url` (the database number in the URL is honoured)."""
+        return cls(redis.Redis.from_url(url), **kwargs)
+
+    def _send(self, event: ev.Event) -> str:
+        return self.send_prepared([self.encoder.prepare(event)])[0]
+
+    def push_many(self, events: Iterable[ev.Event]) -> list[str]:
+        """Send many events in one pipeline; returns their ids in order."""
+        return self.send_prepared([self.encoder.prepare(e) for e in events])
+
+    @contextmanager
+    def batch(self) -> Iterator[Batch]:
+        """Collect calls and send them in one pipeline when the block ends without error."""
+        b = self._new_batch()
+        yield b
+        self.send_prepared(b.prepared)
+
+    def send_prepared(self, prepared: list[Prepared]) -> list[str]:
+        """XADD already-checked entries in one round trip."""
+        try:
+            if not self._shards_checked:
+                _check_shards(self.redis.get(keys.SHARDS_KEY), self.encoder.shards)
+                self._shards_checked = True
+            pipe = self.redis.pipeline(transaction=False)
+            for p in prepared:
+                pipe.xadd(p.stream, {codec.ENTRY_FIELD: p.payload})
+            pipe.execute()
+        except redis.RedisError as e:
+            raise Unavailable(f"could not push to Redis: {e}") from e
+        return [p.event_id for p in prepared]
+
+    def close(self) -> None:
+        """Close the Redis connections."""
+        self.redis.close()
+
+
+class AsyncProducer(_Base, Commands[Any]):
+    """asyncio producer (discord.py, slack-bolt): `await p.post_message(...)`."""
+
+    def __init__(self, client: aioredis.Redis, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.redis = client
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> AsyncProducer:
+        """An async producer on the Redis at `url`."""
+        return cls(aioredis.Redis.from_url(url), **kwargs)
+
+    async def _send(self, event: ev.Event) -> str:
+        return (await self.send_prepared([self.encoder.prepare(event)]))[0]
+
+    async def push_many(self, events: Iterable[ev.Event]) -> list[str]:
+        """Send many events in one pipeline; returns their ids in order."""
+        return await self.send_prepared([self.encoder.prepare(e) for e in events])
+
+    @asynccontextmanager
+    async def batch(self) -> AsyncIterator[Batch]:
+        """Collect calls and send them in one pipeline when the block ends without error."""
+        b = self._new_batch()
+        yield b
+        await self.send_prepared(b.prepared)
+
+    async def send_prepared(self, prepared: list[Prepared]) -> list[str]:
+        """XADD already-checked entries in one round trip."""
+        try:
+            if not self._shards_checked:
+                _check_shards(await self.redis.get(keys.SHARDS_KEY), self.encoder.shards)
+                self._shards_checked = True
+            pipe = self.redis.pipeline(transaction=False)
+            for p in prepared:
+                pipe.xadd(p.stream, {codec.ENTRY_FIELD: p.payload})
+            await pipe.execute()
+        except redis.RedisError as e:
+            raise Unavailable(f"could not push to Redis: {e}") from e
+        return [p.event_id for p in prepared]
+
+    async def aclose(self) -> None:
+        """Close the Redis connections."""
+        await self.redis.aclose()

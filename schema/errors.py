@@ -1,0 +1,45 @@
+"""Every exception contextlog raises on purpose derives from `ContextlogError`.
+
+ContextlogError
+├── ConfigError          bad or missing configuration value
+├── EventRejected        an event or stream entry fails the contract
+│   └── EventTooLarge    an entry is over the size cap
+├── MigrationError       the database schema cannot be brought up to date
+├── Unavailable          Postgres or Redis cannot be reached
+└── Fenced               this ingest lost its shard to a newer owner
+"""
+
+from __future__ import annotations
+
+
+class ContextlogError(Exception):
+    """Root of all contextlog errors."""
+
+
+class ConfigError(ContextlogError):
+    """Raised when a configuration value is missing or invalid; the message names it."""
+
+
+class EventRejected(ContextlogError):
+    """Raised when an event or stream entry does not satisfy the event contract."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class EventTooLarge(EventRejected):
+    """Raised when an encoded event is over the entry-size cap."""
+
+
+class MigrationError(ContextlogError):
+    """Raised when a migration fails; the database is left at the last good version."""
+
+
+class Unavailable(ContextlogError):
+    """Raised when Postgres or Redis cannot be reached."""
+
+
+class Fenced(ContextlogError):
+    """Raised when a newer owner of a shard has committed: this process must let go."""

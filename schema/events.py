@@ -1,0 +1,160 @@
+"""The event contract: every entry on a `contextlog:in:{shard}` stream is one of these.
+
+Each event is a frozen msgspec Struct tagged with an explicit, versioned `type`
+(`"message.v1"`). New fields always get defaults; a type never changes; a breaking
+change is a new tag. Every string and list is bounded so a hostile entry cannot make
+the decoder allocate without limit.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Annotated, Literal, TypeAlias
+
+import msgspec
+from msgspec import Meta, Struct
+
+# Bounds. Names and ids are short; free text is capped well below the entry-size cap.
+MAX_NAME = 200
+MAX_TEXT = 200_000
+MAX_BLOCKS = 256
+MAX_SESSION_ID = 80
+MAX_DESCRIPTION = 500
+MAX_DURATION_S = 366 * 86400
+MAX_TOKEN_BUDGET = 10_000_000
+
+# Names exclude control characters. Free text may hold anything but U+0000, which
+# Postgres jsonb refuses; that rule is checked on the raw JSON by `codec.decode`, because
+# msgspec 0.22 crashes in GC when a string with both max_length and pattern sits in a
+# union with a list of structs (msgspec issue #717), which `Content` is.
+_NAME_PATTERN = r"^[^\x00-\x1f\x7f]+$"
+
+Name = Annotated[str, Meta(min_length=1, max_length=MAX_NAME, pattern=_NAME_PATTERN)]
+Text = Annotated[str, Meta(max_length=MAX_TEXT)]
+ToolId = Annotated[str, Meta(min_length=1, max_length=MAX_NAME, pattern=r"^[a-zA-Z0-9_-]+$")]
+ToolName = Annotated[str, Meta(min_length=1, max_length=MAX_NAME, pattern=r"^[a-zA-Z0-9_-]+$")]
+SessionRef = Annotated[str, Meta(min_length=1, max_length=MAX_SESSION_ID, pattern=_NAME_PATTERN)]
+Description = Annotated[str, Meta(max_length=MAX_DESCRIPTION)]
+Seconds = Annotated[int, Meta(ge=0, le=MAX_DURATION_S)]
+Role = Literal["user", "assistant"]
+
+
+class TextBlock(
+    Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type", tag="text"
+):
+    """A text content block."""
+
+    text: Text
+
+
+class ToolUseBlock(
+    Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type", tag="tool_use"
+):
+    """An assistant's request to call a tool."""
+
+    id: ToolId
+    name: ToolName
+    # Tool input is an arbitrary JSON object chosen by the model, so it is kept as raw
+    # JSON; `validate_event` checks that it is an object. The entry-size cap bounds it.
+    input: msgspec.Raw
+
+
+class ToolResultBlock(
+    Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type", tag="tool_result"
+):
+    """The answer to a `tool_use`, sent in the following user turn."""
+
+    tool_use_id: ToolId
+    content: Text | Annotated[list[TextBlock], Meta(max_length=MAX_BLOCKS)] = ""
+    is_error: bool = False
+
+
+ContentBlock: TypeAlias = TextBlock | ToolUseBlock | ToolResultBlock
+Content: TypeAlias = Text | Annotated[list[ContentBlock], Meta(min_length=1, max_length=MAX_BLOCKS)]
+
+
+class Event(Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type"):
+    """Fields every event carries: identity, conversation key, provenance, time."""
+
+    event_id: uuid.UUID
+    agent: Name
+    channel: Name
+    thread: Name | None = None
+    source: Name | None = None
+    sender: Name | None = None
+    occurred_at: Annotated[dt.datetime, Meta(tz=True)]
+
+
+class MessagePosted(Event, frozen=True, kw_only=True, tag="message.v1"):
+    """A user or assistant message in a conversation."""
+
+    role: Role
+    content: Content
+    external_id: Name | None = None
+
+
+class ContextCleared(Event, frozen=True, kw_only=True, tag="clear.v1"):
+    """`/context clear`: the window starts afresh; the log keeps the old messages."""
+
+
+class SessionSaveRequested(Event, frozen=True, kw_only=True, tag="save.v1"):
+    """`/context save [description]`: snapshot the current window as a session."""
+
+    description: Description | None = None
+    provider: Name | None = None
+    model: Name | None = None
+
+
+class SessionRestoreRequested(Event, frozen=True, kw_only=True, tag="restore.v1"):
+    """`/context restore <id|last>`: replace the window with a saved session."""
+
+    session_id: SessionRef
+
+
+class SessionDeleteRequested(Event, frozen=True, kw_only=True, tag="delete_session.v1"):
+    """Hide one saved session of this conversation."""
+
+    session_id: SessionRef
+
+
+class SessionsPurgeRequested(Event, frozen=True, kw_only=True, tag="purge_sessions.v1"):
+    """Hide all but the newest `keep` saved sessions of this conversation."""
+
+    keep: Annotated[int, Meta(ge=0, le=1_000_000)]
+
+
+class Configured(Event, frozen=True, kw_only=True, tag="configure.v1"):
+    """Change per-conversation settings; a field left as None keeps its value."""
+
+    rolling_window: Seconds | None = None
+    idle_timeout: Seconds | None = None
+    token_budget: Annotated[int, Meta(ge=1, le=MAX_TOKEN_BUDGET)] | None = None
+
+
+AnyEvent: TypeAlias = (
+    MessagePosted
+    | ContextCleared
+    | SessionSaveRequested
+    | SessionRestoreRequested
+    | SessionDeleteRequested
+    | SessionsPurgeRequested
+    | Configured
+)
+
+EVENT_TYPES: tuple[type[Event], ...] = (
+    MessagePosted,
+    ContextCleared,
+    SessionSaveRequested,
+    SessionRestoreRequested,
+    SessionDeleteRequested,
+    SessionsPurgeRequested,
+    Configured,
+)
+
+
+def kind_of(event: Event) -> str:
+    """The versioned tag of an event, as stored in the log's `kind` column."""
+    tag = type(event).__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag

@@ -1,0 +1,63 @@
+"""Redis key names and the sharding rule shared by producers and workers.
+
+Keys carry their shard or source in braces, literally (`contextlog:in:{3}`), so each
+stays in one hash slot under Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+from typing import Final
+
+from schema.errors import ConfigError
+
+DEFAULT_SHARDS: Final = 4
+MAX_SHARDS: Final = 1024
+SHARDS_VAR: Final = "CONTEXTLOG_SHARDS"
+
+DEAD_LETTERS: Final = "contextlog:dead"
+STATS: Final = "contextlog:stats"
+SHARDS_KEY: Final = "contextlog:shards"
+MEMBERS: Final = "contextlog:ingest:members"
+INGEST_GROUP: Final = "ingest"
+
+
+def stream(shard: int) -> str:
+    """The inbound stream of one shard."""
+    return f"contextlog:in:{{{shard}}}"
+
+
+def lease(shard: int) -> str:
+    """The key whose holder owns a shard's ingest."""
+    return f"contextlog:lease:{{{shard}}}"
+
+
+def epoch(shard: int) -> str:
+    """A counter bumped on each new lease: the fencing token checked in Postgres."""
+    return f"contextlog:epoch:{{{shard}}}"
+
+
+def outbox(source: str) -> str:
+    """The notification stream of one adapter."""
+    return f"contextlog:out:{{{source}}}"
+
+
+def shard_of(agent: str, channel: str, shards: int) -> int:
+    """Stable shard of a conversation: CRC-32 of its key, the same in every process."""
+    key = agent.encode() + b"\x00" + channel.encode()
+    return zlib.crc32(key) % shards
+
+
+def shards_from_env(env: Mapping[str, str]) -> int:
+    """The shard count from `CONTEXTLOG_SHARDS`, validated."""
+    raw = env.get(SHARDS_VAR)
+    if raw is None or raw == "":
+        return DEFAULT_SHARDS
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{SHARDS_VAR} is not a whole number: {raw!r}") from None
+    if not 1 <= value <= MAX_SHARDS:
+        raise ConfigError(f"{SHARDS_VAR} must be between 1 and {MAX_SHARDS}: {raw!r}")
+    return value

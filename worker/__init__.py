@@ -1,0 +1,1 @@
+"""Ingest, jobs, CLI and configuration: the processes of the Procfile."""

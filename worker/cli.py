@@ -1,0 +1,259 @@
+"""The `contextlog` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+import psycopg
+import redis
+from rich.console import Console
+from rich.table import Table
+
+from producers import Producer
+from producers.commands import parse_duration
+from schema import keys
+from schema.errors import ContextlogError
+from worker import bootstrap, logs
+from worker.clock import SystemClock
+from worker.config import Settings
+from worker.status import Status, gather
+
+EXIT_ERROR = 2
+EXIT_UNAVAILABLE = 3
+EXIT_UNHEALTHY = 1
+
+console = Console()
+
+
+def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
+    """Apply pending migrations."""
+    applied = bootstrap.run_migrations(settings)
+    print("applied: " + ", ".join(applied) if applied else "database schema is up to date")
+    return 0
+
+
+def cmd_ingest(settings: Settings, args: argparse.Namespace) -> int:
+    """Run the ingest loop until SIGTERM or SIGINT."""
+    bootstrap.run_migrations(settings)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return bootstrap.build_ingest(settings, stop).run()
+
+
+def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
+    """Print per-shard lag, pending work, dead letters and events stored."""
+    client = bootstrap.redis_client(settings)
+    with bootstrap.pg_connector(settings)() as conn:
+        status = gather(client, conn, settings.shards, SystemClock().now())
+    if args.json:
+        print(msgspec.json.encode(status).decode())
+    else:
+        _print_status(status)
+    return 0 if status.healthy else EXIT_UNHEALTHY
+
+
+def _print_status(status: Status) -> None:
+    table = Table(title="contextlog ingest")
+    for col in ("shard", "length", "lag", "pending", "oldest pending", "owner", "stored"):
+        table.add_column(col, justify="right" if col != "owner" else "left")
+    for s in status.shards:
+        age = "-" if s.oldest_pending_age_s is None else f"{s.oldest_pending_age_s:.1f}s"
+        table.add_row(
+            str(s.shard),
+            str(s.stream_length),
+            str(s.lag),
+            str(s.pending),
+            age,
+            s.owner or "-",
+            str(s.events_stored),
+        )
+    console.print(table)
+    reasons = ", ".join(f"{k}={v}" for k, v in sorted(status.dead_letters_by_reason.items()))
+    console.print(
+        f"events stored: {status.events_stored}   ingest consumers: "
+        f"{status.ingest_consumers}   dead letters: {status.dead_letters}"
+        + (f" ({reasons})" if reasons else "")
+    )
+    for p in status.problems:
+        console.print(f"[red]unhealthy:[/red] {p}")
+
+
+def cmd_send(settings: Settings, args: argparse.Namespace) -> int:
+    """Push one message or command, as an adapter would; prints the event id."""
+    producer = Producer.from_url(
+        settings.redis_url, shards=settings.shards, max_entry_bytes=settings.max_entry_bytes
+    )
+    common = {
+        k: v
+        for k, v in (("thread", args.thread), ("sender", args.sender), ("source", args.source))
+        if v is not None
+    }
+    verb = args.verb
+    if verb == "message":
+        content: Any = json.loads(args.text) if args.blocks else args.text
+        eid = producer.post_message(
+            args.agent, args.channel, args.role, content, external_id=args.external_id, **common
+        )
+    elif verb == "clear":
+        eid = producer.clear(args.agent, args.channel, **common)
+    elif verb == "save":
+        eid = producer.save(args.agent, args.channel, args.description, **common)
+    elif verb == "restore":
+        eid = producer.restore(args.agent, args.channel, args.session_id, **common)
+    elif verb == "delete-session":
+        eid = producer.delete_session(args.agent, args.channel, args.session_id, **common)
+    elif verb == "purge-sessions":
+        eid = producer.purge_sessions(args.agent, args.channel, args.keep, **common)
+    else:
+        eid = producer.configure(
+            args.agent,
+            args.channel,
+            rolling_window=args.rolling_window,
+            idle_timeout=args.idle_timeout,
+            token_budget=args.token_budget,
+            **common,
+        )
+    print(eid)
+    return 0
+
+
+def cmd_dead_letters(settings: Settings, args: argparse.Namespace) -> int:
+    """List dead letters, newest first, with their reasons."""
+    client: Any = bootstrap.redis_client(settings)  # replies are bytes
+    rows = client.xrevrange(keys.DEAD_LETTERS, count=args.limit)
+    items = [_dead_letter(entry_id, fields) for entry_id, fields in rows]
+    if args.json:
+        print(json.dumps(items, indent=2))
+        return 0
+    table = Table(title=f"dead letters ({client.xlen(keys.DEAD_LETTERS)} in all)")
+    for col in ("id", "reason", "detail", "from", "original"):
+        table.add_column(col, overflow="fold")
+    for item in items:
+        table.add_row(
+            item["id"],
+            item["reason"],
+            item["detail"][:120],
+            f"{item['stream']} {item['entry_id']}",
+            str(item["original"])[:80],
+        )
+    console.print(table)
+    return 0
+
+
+def _dead_letter(entry_id: bytes, fields: dict[bytes, bytes]) -> dict[str, Any]:
+    text = {k.decode(): v.decode("utf-8", "replace") for k, v in fields.items()}
+    original = {k.removeprefix("orig:"): v for k, v in text.items() if k.startswith("orig:")}
+    return {
+        "id": entry_id.decode(),
+        "reason": text.get("reason", ""),
+        "detail": text.get("detail", ""),
+        "stream": text.get("stream", ""),
+        "entry_id": text.get("entry_id", ""),
+        "original": original,
+    }
+
+
+def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
+    """Run the scripted demo."""
+    from worker.demo import run
+
+    result: int = run(settings, console)
+    return result
+
+
+def _duration(text: str) -> int:
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _send_parser(sub: Any) -> None:
+    send = sub.add_parser("send", help="push a message or a command from the shell")
+    verbs = send.add_subparsers(dest="verb", required=True)
+
+    def verb(name: str, help: str, *extra: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = verbs.add_parser(name, help=help)
+        p.add_argument("agent")
+        p.add_argument("channel")
+        for arg in extra:
+            p.add_argument(arg)
+        p.add_argument("--thread")
+        p.add_argument("--sender")
+        p.add_argument("--source")
+        return p
+
+    m = verb("message", "post a message", "text")
+    m.add_argument("--role", choices=("user", "assistant"), default="user")
+    m.add_argument("--external-id")
+    m.add_argument("--blocks", action="store_true", help="TEXT is a JSON list of content blocks")
+    verb("clear", "/context clear")
+    verb("save", "/context save").add_argument("--description")
+    verb("restore", "/context restore", "session_id")
+    verb("delete-session", "delete one saved session", "session_id")
+    verb("purge-sessions", "keep only the newest N sessions").add_argument(
+        "--keep", type=int, required=True
+    )
+    c = verb("configure", "change conversation settings")
+    c.add_argument("--rolling-window", type=_duration)
+    c.add_argument("--idle-timeout", type=_duration)
+    c.add_argument("--token-budget", type=int)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    p = argparse.ArgumentParser(prog="contextlog", description="conversation memory for LLM agents")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("migrate", help="create or update the database schema")
+    sub.add_parser("ingest", help="move events from the Redis streams into Postgres")
+    st = sub.add_parser("status", help="lag, pending work, dead letters, events stored")
+    st.add_argument("--json", action="store_true")
+    _send_parser(sub)
+    dl = sub.add_parser("dead-letters", help="list rejected entries with their reasons")
+    dl.add_argument("--limit", type=int, default=20)
+    dl.add_argument("--json", action="store_true")
+    sub.add_parser("demo", help="run a short scripted conversation end to end")
+    return p
+
+
+COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
+    "migrate": cmd_migrate,
+    "ingest": cmd_ingest,
+    "status": cmd_status,
+    "send": cmd_send,
+    "dead-letters": cmd_dead_letters,
+    "demo": cmd_demo,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `contextlog` console script."""
+    args = parser().parse_args(argv)
+    try:
+        settings = Settings.from_env()
+        logs.configure(settings.log_level, settings.log_format)
+        return COMMANDS[args.command](settings, args)
+    except ContextlogError as e:
+        print(f"contextlog: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except json.JSONDecodeError as e:
+        print(f"contextlog: content is not valid JSON: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except psycopg.OperationalError as e:
+        print(f"contextlog: cannot reach Postgres (DATABASE_URL): {e}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    except redis.ConnectionError as e:
+        print(f"contextlog: cannot reach Redis (REDIS_URL): {e}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

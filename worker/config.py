@@ -1,0 +1,143 @@
+"""Settings: read from the environment in this one place and validated at start-up."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from collections.abc import Callable, Mapping
+from typing import Final, TypeVar
+from urllib.parse import urlsplit
+
+from schema import codec, keys
+from schema.errors import ConfigError
+
+DEFAULT_REDIS_URL: Final = "redis://127.0.0.1:6379/0"
+DEFAULT_DATABASE_URL: Final = "postgresql://postgres@127.0.0.1:5432/postgres"
+DEFAULT_BATCH_SIZE: Final = 500
+DEFAULT_MAX_DELIVERIES: Final = 10
+DEFAULT_LEASE_SECONDS: Final = 15.0
+DEFAULT_BLOCK_MS: Final = 500
+DEFAULT_TRIM_SECONDS: Final = 5.0
+DEFAULT_BACKOFF_MAX: Final = 10.0
+LOG_LEVELS: Final = ("debug", "info", "warning", "error")
+LOG_FORMATS: Final = ("json", "console")
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Deployment settings of every contextlog process."""
+
+    redis_url: str = DEFAULT_REDIS_URL
+    database_url: str = DEFAULT_DATABASE_URL
+    shards: int = keys.DEFAULT_SHARDS
+    batch_size: int = DEFAULT_BATCH_SIZE
+    max_entry_bytes: int = codec.DEFAULT_MAX_ENTRY_BYTES
+    max_deliveries: int = DEFAULT_MAX_DELIVERIES
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    block_ms: int = DEFAULT_BLOCK_MS
+    trim_seconds: float = DEFAULT_TRIM_SECONDS
+    backoff_max: float = DEFAULT_BACKOFF_MAX
+    consumer: str = ""
+    log_level: str = "info"
+    log_format: str = "json"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Build settings from `env` (default: the process environment)."""
+        env = os.environ if env is None else env
+        r = _Reader(env)
+        return cls(
+            redis_url=r.get("REDIS_URL", DEFAULT_REDIS_URL, _redis_url),
+            database_url=r.get("DATABASE_URL", DEFAULT_DATABASE_URL, _database_url),
+            shards=keys.shards_from_env(env),
+            batch_size=r.get("CONTEXTLOG_BATCH_SIZE", DEFAULT_BATCH_SIZE, _int_in(1, 10_000)),
+            max_entry_bytes=r.get(
+                "CONTEXTLOG_MAX_ENTRY_BYTES", codec.DEFAULT_MAX_ENTRY_BYTES, _int_in(1024, 64 << 20)
+            ),
+            max_deliveries=r.get(
+                "CONTEXTLOG_MAX_DELIVERIES", DEFAULT_MAX_DELIVERIES, _int_in(1, 1000)
+            ),
+            lease_seconds=r.get(
+                "CONTEXTLOG_LEASE_SECONDS", DEFAULT_LEASE_SECONDS, _float_in(0.5, 3600)
+            ),
+            block_ms=r.get("CONTEXTLOG_BLOCK_MS", DEFAULT_BLOCK_MS, _int_in(1, 60_000)),
+            trim_seconds=r.get(
+                "CONTEXTLOG_TRIM_SECONDS", DEFAULT_TRIM_SECONDS, _float_in(0, 86400)
+            ),
+            backoff_max=r.get("CONTEXTLOG_BACKOFF_MAX", DEFAULT_BACKOFF_MAX, _float_in(0.01, 600)),
+            consumer=r.get("CONTEXTLOG_CONSUMER", default_consumer(), _name),
+            log_level=r.get("CONTEXTLOG_LOG_LEVEL", "info", _choice(LOG_LEVELS)),
+            log_format=r.get("CONTEXTLOG_LOG_FORMAT", "json", _choice(LOG_FORMATS)),
+        )
+
+
+def default_consumer() -> str:
+    """A consumer name unique to this process: host and pid."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class _Reader:
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = env
+
+    def get(self, name: str, default: T, parse: Callable[[str, str], T]) -> T:
+        raw = self.env.get(name)
+        if raw is None or raw.strip() == "":
+            return default
+        return parse(name, raw.strip())
+
+
+def _redis_url(name: str, raw: str) -> str:
+    if urlsplit(raw).scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError(f"{name} is not a redis:// or unix:// URL: {raw!r}")
+    return raw
+
+
+def _database_url(name: str, raw: str) -> str:
+    if urlsplit(raw).scheme not in ("postgresql", "postgres"):
+        raise ConfigError(f"{name} is not a postgresql:// URL: {raw!r}")
+    return raw
+
+
+def _int_in(lo: int, hi: int) -> Callable[[str, str], int]:
+    def parse(name: str, raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigError(f"{name} is not a whole number: {raw!r}") from None
+        if not lo <= value <= hi:
+            raise ConfigError(f"{name} must be between {lo} and {hi}: {raw!r}")
+        return value
+
+    return parse
+
+
+def _float_in(lo: float, hi: float) -> Callable[[str, str], float]:
+    def parse(name: str, raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(f"{name} is not a number: {raw!r}") from None
+        if not lo <= value <= hi:
+            raise ConfigError(f"{name} must be between {lo} and {hi}: {raw!r}")
+        return value
+
+    return parse
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[str, str], str]:
+    def parse(name: str, raw: str) -> str:
+        if raw.lower() not in options:
+            raise ConfigError(f"{name} must be one of {', '.join(options)}: {raw!r}")
+        return raw.lower()
+
+    return parse
+
+
+def _name(name: str, raw: str) -> str:
+    if len(raw) > 200 or not raw.isprintable():
+        raise ConfigError(f"{name} must be a printable name of at most 200 characters: {raw!r}")
+    return raw

@@ -1,0 +1,293 @@
+"""The ingest loop: shard streams -> one Postgres transaction per batch -> XACK.
+
+Invariants kept here (DESIGN.md): an entry is acknowledged only after its transaction
+commits; a shard has one owner at a time (an expiring lease, fenced in Postgres); bad
+entries go to the dead-letter stream and never stop the loop; when Postgres or Redis
+goes away nothing is acknowledged, and the loop backs off and carries on when it is back.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import psycopg
+import redis
+import structlog
+from psycopg.rows import TupleRow
+
+from schema import codec
+from schema.errors import EventRejected, Fenced
+from worker.clock import Clock
+from worker.config import Settings
+from worker.eventlog import Accepted, EventLog
+from worker.streams import Entry, Rejected, Streams, id_key
+
+log = structlog.get_logger("contextlog.ingest")
+
+POISON = "poison"
+DATABASE_REFUSED = "database_refused"
+
+
+@dataclass
+class Health:
+    """Up/down state of each dependency, so an outage is logged once, not per retry."""
+
+    down: dict[str, str] = field(default_factory=dict)
+
+    def failed(self, name: str, error: BaseException) -> None:
+        """Record a failure; logs only on the up -> down change."""
+        if name not in self.down:
+            log.warning("dependency unavailable, retrying", dependency=name, error=str(error))
+        self.down[name] = str(error)
+
+    def ok(self) -> None:
+        """Everything worked: log each dependency that came back."""
+        for name in list(self.down):
+            log.info("dependency back", dependency=name)
+            del self.down[name]
+
+
+class Ingest:
+    """One ingest process: owns a fair share of the shards and drains them into the log."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        streams: Streams,
+        connect: Callable[[], psycopg.Connection[TupleRow]],
+        clock: Clock,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.settings = settings
+        self.streams = streams
+        self.connect = connect
+        self.clock = clock
+        self.stop = stop or threading.Event()
+        self.health = Health()
+        self.owned: dict[int, int] = {}  # shard -> lease epoch
+        self.recovering: set[int] = set()
+        self._eventlog: EventLog | None = None
+        self._next_lease_check = 0.0
+        self._next_trim = 0.0
+        self._backoff = 0.0
+        self.stored = 0
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def run(self) -> int:
+        """Loop until `stop` is set; finish the batch in hand, release leases, return 0."""
+        log.info("ingest started", consumer=self.streams.consumer, shards=self.settings.shards)
+        while not self.stop.is_set():
+            self.step()
+        self.shutdown()
+        log.info("ingest stopped", consumer=self.streams.consumer, stored=self.stored)
+        return 0
+
+    def step(self) -> None:
+        """One pass: leases, recovery, one read and its batches, trimming; survive outages."""
+        try:
+            self.tick()
+        except (redis.ConnectionError, redis.TimeoutError) as e:
+            self._outage("redis", e)
+        except psycopg.OperationalError as e:
+            self._close_db()
+            self._outage("postgres", e)
+        else:
+            self._backoff = 0.0
+            self.health.ok()
+
+    def shutdown(self) -> None:
+        """Let go of our shards so another process takes them at once."""
+        try:
+            for shard in list(self.owned):
+                self.streams.release(shard)
+            self.streams.leave()
+        except redis.RedisError as e:
+            log.warning("could not release leases", error=str(e))
+        self.owned.clear()
+        self._close_db()
+
+    def _outage(self, name: str, error: BaseException) -> None:
+        self.health.failed(name, error)
+        # What was read and not committed is still pending with us: re-read it first.
+        self.recovering = set(self.owned)
+        self._backoff = min(self.settings.backoff_max, max(0.05, self._backoff * 2))
+        self.stop.wait(self._backoff)
+
+    # -- one pass -------------------------------------------------------------------------
+    def tick(self) -> None:
+        """Renew or rebalance leases when due, recover taken-over shards, then read."""
+        now = self.clock.monotonic()
+        if now >= self._next_lease_check:
+            self.rebalance()
+            self._next_lease_check = now + self.settings.lease_seconds / 3
+            # Sweep for entries a former owner read after we took its shard over.
+            self.recovering |= set(self.owned)
+        for shard in sorted(self.recovering):
+            self.recover(shard)
+        if not self.owned:
+            self.stop.wait(min(1.0, self.settings.lease_seconds / 3))
+            return
+        shards = sorted(self.owned)
+        batches = self._read(shards)
+        for shard, entries in batches.items():
+            if shard in self.owned and entries:
+                self.process(shard, entries)
+        if self.settings.trim_seconds and now >= self._next_trim:
+            for shard in list(self.owned):
+                self.streams.trim(shard)
+            self._next_trim = now + self.settings.trim_seconds
+
+    def _read(self, shards: Sequence[int]) -> dict[int, list[Entry]]:
+        try:
+            return self.streams.read_new(shards, self.settings.batch_size, self.settings.block_ms)
+        except redis.ResponseError as e:
+            if "NOGROUP" not in str(e):
+                raise
+            # Redis lost its data (or someone deleted a stream): recreate and carry on.
+            log.warning("consumer group missing, recreating", error=str(e))
+            for shard in shards:
+                self.streams.ensure_group(shard)
+            return {}
+
+    # -- leases ---------------------------------------------------------------------------
+    def rebalance(self) -> None:
+        """Keep our fair share of shards: renew, give back extras, take free ones."""
+        ttl_ms = int(self.settings.lease_seconds * 1000)
+        now_ms = int(self.clock.now().timestamp() * 1000)
+        members = self.streams.heartbeat(now_ms, ttl_ms)
+        fair = math.ceil(self.settings.shards / max(1, members))
+        for shard in self.streams.renew(sorted(self.owned), ttl_ms):
+            log.warning("lease lost", shard=shard)
+            self._drop(shard)
+        for shard in sorted(self.owned, reverse=True)[: max(0, len(self.owned) - fair)]:
+            self.streams.release(shard)
+            self._drop(shard)
+            log.info("lease given back for balance", shard=shard)
+        if len(self.owned) < fair:
+            self._take(fair, ttl_ms)
+
+    def _take(self, fair: int, ttl_ms: int) -> None:
+        floors = self._epoch_floors()
+        start = zlib.crc32(self.streams.consumer.encode()) % self.settings.shards
+        for i in range(self.settings.shards):
+            shard = (start + i) % self.settings.shards
+            if len(self.owned) >= fair:
+                return
+            if shard in self.owned:
+                continue
+            epoch = self.streams.acquire(shard, ttl_ms, floors.get(shard, 0))
+            if epoch is not None:
+                self.streams.ensure_group(shard)
+                self.owned[shard] = epoch
+                self.recovering.add(shard)
+                log.info("lease taken", shard=shard, epoch=epoch)
+
+    def _epoch_floors(self) -> dict[int, int]:
+        with self._log().conn.cursor() as cur:
+            rows = cur.execute("SELECT shard, epoch FROM shard_checkpoints").fetchall()
+        self._log().conn.rollback()
+        return {int(r[0]): int(r[1]) for r in rows}
+
+    def _drop(self, shard: int) -> None:
+        self.owned.pop(shard, None)
+        self.recovering.discard(shard)
+
+    # -- batches --------------------------------------------------------------------------
+    def recover(self, shard: int) -> None:
+        """Before new entries: our own pending ones, then those of dead consumers."""
+        size = self.settings.batch_size
+        entries = dict(self.streams.read_own_pending(shard, count=1_000_000))
+        stale_ms = 0  # we hold the lease: every other consumer's pending entry is orphaned
+        entries.update(self.streams.claim_stale(shard, stale_ms, count=size))
+        ordered = sorted(entries.items(), key=lambda kv: id_key(kv[0]))
+        counts = self.streams.deliveries(shard, [k for k, _ in ordered])
+        for i in range(0, len(ordered), size):
+            if shard not in self.owned:
+                return
+            self.process(shard, ordered[i : i + size], counts)
+        self.recovering.discard(shard)
+
+    def process(
+        self, shard: int, entries: Sequence[Entry], deliveries: dict[str, int] | None = None
+    ) -> None:
+        """Dead-letter what is bad, append the rest in one transaction, then XACK."""
+        accepted, rejected = self._sort_out(entries, deliveries or {})
+        if rejected:
+            self.streams.dead_letter(shard, rejected)
+            for r in rejected:
+                log.warning(
+                    "entry dead-lettered", shard=shard, entry_id=r.entry_id, reason=r.reason
+                )
+        if accepted:
+            self._store(shard, accepted)
+
+    def _sort_out(
+        self, entries: Sequence[Entry], deliveries: dict[str, int]
+    ) -> tuple[list[Accepted], list[Rejected]]:
+        accepted: list[Accepted] = []
+        rejected: list[Rejected] = []
+        cap = self.settings.max_entry_bytes
+        for entry_id, fields in entries:
+            times = deliveries.get(entry_id, 1)
+            if times > self.settings.max_deliveries:
+                rejected.append(Rejected(entry_id, fields, POISON, f"delivered {times} times"))
+                continue
+            try:
+                event = codec.decode_fields(fields, cap)
+            except EventRejected as e:
+                rejected.append(Rejected(entry_id, fields, e.reason, e.detail))
+                continue
+            accepted.append(Accepted(entry_id, event, fields[codec.ENTRY_FIELD]))
+        return accepted, rejected
+
+    def _store(self, shard: int, batch: Sequence[Accepted], retry: bool = True) -> None:
+        """Append and acknowledge; a batch Postgres refuses is split to find the bad entry."""
+        try:
+            stored = self._log().append(shard, self.owned[shard], batch)
+        except Fenced as e:
+            log.warning("fenced: a newer owner wrote this shard", shard=shard, error=str(e))
+            self._drop(shard)
+            return
+        except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as e:
+            self._isolate(shard, batch, e, retry)
+            return
+        self.streams.ack(shard, [a.entry_id for a in batch])
+        self.stored += stored
+
+    def _isolate(
+        self, shard: int, batch: Sequence[Accepted], error: psycopg.Error, retry: bool
+    ) -> None:
+        if retry and isinstance(error, psycopg.errors.UniqueViolation):
+            # Another writer overlapped (only possible around a lease hand-over): one
+            # retry sees its rows and skips them.
+            log.warning("concurrent writer, retrying batch", shard=shard, error=str(error))
+            self._store(shard, batch, retry=False)
+            return
+        if len(batch) == 1:
+            a = batch[0]
+            rejected = Rejected(
+                a.entry_id, {codec.ENTRY_FIELD: a.payload}, DATABASE_REFUSED, str(error)
+            )
+            self.streams.dead_letter(shard, [rejected])
+            log.warning(
+                "entry dead-lettered", shard=shard, entry_id=a.entry_id, reason=DATABASE_REFUSED
+            )
+            return
+        half = len(batch) // 2
+        self._store(shard, batch[:half])
+        self._store(shard, batch[half:])
+
+    # -- Postgres connection ----------------------------------------------------------------
+    def _log(self) -> EventLog:
+        if self._eventlog is None or self._eventlog.conn.closed or self._eventlog.conn.broken:
+            self._eventlog = EventLog(self.connect())
+        return self._eventlog
+
+    def _close_db(self) -> None:
+        if self._eventlog is not None:
+            self._eventlog.conn.close()
+            self._eventlog = None
