@@ -6,7 +6,9 @@ ContextlogError
 │   └── EventTooLarge    an entry is over the size cap
 ├── MigrationError       the database schema cannot be brought up to date
 ├── Unavailable          Postgres or Redis cannot be reached
-└── Fenced               this ingest lost its shard to a newer owner
+├── Fenced               this ingest lost its shard to a newer owner
+├── Conflict             another writer stored some of the same events meanwhile
+└── StorageRefused       the database refused an event the contract accepted
 """
 
 from __future__ import annotations
@@ -43,3 +45,11 @@ class Unavailable(ContextlogError):
 
 class Fenced(ContextlogError):
     """Raised when a newer owner of a shard has committed: this process must let go."""
+
+
+class Conflict(ContextlogError):
+    """Raised when another writer stored some of a batch's events first; retrying is safe."""
+
+
+class StorageRefused(ContextlogError):
+    """Raised when the database refuses a batch for its data (not for an outage)."""

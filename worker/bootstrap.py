@@ -13,10 +13,10 @@ import redis
 from psycopg.rows import TupleRow
 
 from schema import keys
-from schema.errors import ConfigError
+from schema.errors import ConfigError, Unavailable
 from worker.clock import Clock, SystemClock
 from worker.config import Settings
-from worker.eventlog import migrate
+from worker.eventlog import EventLog, PostgresEventLog, migrate
 from worker.ingest import Ingest
 from worker.streams import Streams
 
@@ -37,6 +37,19 @@ def pg_connector(settings: Settings) -> Callable[[], PgConn]:
         )
 
     return connect
+
+
+def open_event_log(settings: Settings) -> Callable[[], EventLog]:
+    """A function opening the Postgres event log; connection failures become `Unavailable`."""
+    connect = pg_connector(settings)
+
+    def open_log() -> EventLog:
+        try:
+            return PostgresEventLog(connect())
+        except psycopg.OperationalError as e:
+            raise Unavailable(f"Postgres: {e}") from e
+
+    return open_log
 
 
 def run_migrations(settings: Settings) -> list[str]:
@@ -63,4 +76,4 @@ def build_ingest(
     client = redis_client(settings)
     claim_shard_count(client, settings.shards)
     streams = Streams(client, settings.consumer)
-    return Ingest(settings, streams, pg_connector(settings), clock or SystemClock(), stop)
+    return Ingest(settings, streams, open_event_log(settings), clock or SystemClock(), stop)

@@ -6,13 +6,13 @@ import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 import psycopg
 from psycopg.rows import TupleRow
 
 from schema import events as ev
-from schema.errors import Fenced, MigrationError
+from schema.errors import Conflict, Fenced, MigrationError, StorageRefused, Unavailable
 from schema.queries import migrations, query
 
 # pg_advisory_xact_lock key of `contextlog migrate`: two processes migrating at once
@@ -54,33 +54,68 @@ def migrate(conn: psycopg.Connection[TupleRow]) -> list[str]:
     return applied
 
 
-class EventLog:
+class EventLog(Protocol):
+    """Where ingest appends: Postgres in production, memory in unit tests."""
+
+    def append(self, shard: int, epoch: int, batch: Sequence[Accepted]) -> int:
+        """Store a batch atomically and idempotently; returns how many events were new.
+
+        Raises `Fenced` when a newer lease epoch already wrote this shard, `Conflict`
+        when another writer stored some of the events meanwhile, `StorageRefused` when
+        the data is refused, `Unavailable` when the store cannot be reached.
+        """
+        ...
+
+    def epochs(self) -> dict[int, int]:
+        """The last committed lease epoch of each shard."""
+        ...
+
+    def close(self) -> None:
+        """Release the connection."""
+        ...
+
+
+class PostgresEventLog:
     """The `events` table and its per-shard checkpoint, written by one ingest connection."""
 
     def __init__(self, conn: psycopg.Connection[TupleRow]) -> None:
         self.conn = conn
 
     def append(self, shard: int, epoch: int, batch: Sequence[Accepted]) -> int:
-        """Store a batch in one transaction; returns how many events were new.
+        """See `EventLog.append`."""
+        try:
+            return self._append(shard, epoch, batch)
+        except psycopg.errors.UniqueViolation as e:
+            raise Conflict(f"shard {shard}: {e}") from e
+        except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as e:
+            raise StorageRefused(str(e)) from e
+        except psycopg.OperationalError as e:
+            raise Unavailable(f"Postgres: {e}") from e
 
-        Events already in the log (redelivery after a crash) are skipped, so appending the
-        same batch twice stores it once. Raises `Fenced` when a newer lease epoch has
-        already written this shard.
-        """
+    def epochs(self) -> dict[int, int]:
+        """See `EventLog.epochs`."""
+        try:
+            rows = self.conn.execute("SELECT shard, epoch FROM shard_checkpoints").fetchall()
+            self.conn.rollback()
+        except psycopg.OperationalError as e:
+            raise Unavailable(f"Postgres: {e}") from e
+        return {int(r[0]): int(r[1]) for r in rows}
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.conn.close()
+
+    def _append(self, shard: int, epoch: int, batch: Sequence[Accepted]) -> int:
         with self.conn.transaction(), self.conn.cursor() as cur:
-            fenced = (
-                cur.execute(
-                    query("advance_checkpoint"),
-                    {
-                        "shard": shard,
-                        "epoch": epoch,
-                        "last_entry_id": batch[-1].entry_id,
-                        "events": 0,
-                    },
-                ).fetchone()
-                is None
-            )
-            if fenced:
+            # The checkpoint row goes first: its lock serialises two writers of a shard
+            # and the epoch check fences the older one.
+            checkpoint = {
+                "shard": shard,
+                "epoch": epoch,
+                "last_entry_id": batch[-1].entry_id,
+                "events": 0,
+            }
+            if cur.execute(query("advance_checkpoint"), checkpoint).fetchone() is None:
                 raise Fenced(f"shard {shard}: epoch {epoch} is older than the last writer's")
             fresh = self._fresh(cur, batch)
             if fresh:
@@ -135,3 +170,39 @@ class EventLog:
                         a.payload.decode(),
                     )
                 )
+
+
+class MemoryEventLog:
+    """An in-memory `EventLog` with the same rules: for unit tests and the contract suite."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, Accepted]] = []  # (seq, accepted) in commit order
+        self.ids: set[uuid.UUID] = set()
+        self.last_seq: Counter[tuple[str, str]] = Counter()
+        self.checkpoints: dict[int, tuple[int, str]] = {}  # shard -> (epoch, last entry id)
+        self.refuse: set[uuid.UUID] = set()  # event ids to refuse, as a database might
+
+    def append(self, shard: int, epoch: int, batch: Sequence[Accepted]) -> int:
+        """See `EventLog.append`."""
+        if self.checkpoints.get(shard, (0, ""))[0] > epoch:
+            raise Fenced(f"shard {shard}: epoch {epoch} is older than the last writer's")
+        if any(a.event.event_id in self.refuse for a in batch):
+            raise StorageRefused("refused by the fake")
+        fresh = []
+        for a in batch:
+            if a.event.event_id not in self.ids:
+                self.ids.add(a.event.event_id)
+                fresh.append(a)
+        for a in fresh:
+            key = (a.event.agent, a.event.channel)
+            self.last_seq[key] += 1
+            self.rows.append((self.last_seq[key], a))
+        self.checkpoints[shard] = (epoch, batch[-1].entry_id)
+        return len(fresh)
+
+    def epochs(self) -> dict[int, int]:
+        """See `EventLog.epochs`."""
+        return {shard: cp[0] for shard, cp in self.checkpoints.items()}
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -14,13 +14,11 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import psycopg
 import redis
 import structlog
-from psycopg.rows import TupleRow
 
 from schema import codec
-from schema.errors import EventRejected, Fenced
+from schema.errors import Conflict, EventRejected, Fenced, StorageRefused, Unavailable
 from worker.clock import Clock
 from worker.config import Settings
 from worker.eventlog import Accepted, EventLog
@@ -58,15 +56,18 @@ class Ingest:
         self,
         settings: Settings,
         streams: Streams,
-        connect: Callable[[], psycopg.Connection[TupleRow]],
+        open_log: Callable[[], EventLog],
         clock: Clock,
         stop: threading.Event | None = None,
+        pause: Callable[[float], object] | None = None,
     ) -> None:
         self.settings = settings
         self.streams = streams
-        self.connect = connect
+        self.open_log = open_log
         self.clock = clock
         self.stop = stop or threading.Event()
+        # Waiting between retries; a stop request cuts it short. Tests pass a fake.
+        self.pause = pause or self.stop.wait
         self.health = Health()
         self.owned: dict[int, int] = {}  # shard -> lease epoch
         self.recovering: set[int] = set()
@@ -92,7 +93,7 @@ class Ingest:
             self.tick()
         except (redis.ConnectionError, redis.TimeoutError) as e:
             self._outage("redis", e)
-        except psycopg.OperationalError as e:
+        except Unavailable as e:
             self._close_db()
             self._outage("postgres", e)
         else:
@@ -115,7 +116,7 @@ class Ingest:
         # What was read and not committed is still pending with us: re-read it first.
         self.recovering = set(self.owned)
         self._backoff = min(self.settings.backoff_max, max(0.05, self._backoff * 2))
-        self.stop.wait(self._backoff)
+        self.pause(self._backoff)
 
     # -- one pass -------------------------------------------------------------------------
     def tick(self) -> None:
@@ -129,7 +130,7 @@ class Ingest:
         for shard in sorted(self.recovering):
             self.recover(shard)
         if not self.owned:
-            self.stop.wait(min(1.0, self.settings.lease_seconds / 3))
+            self.pause(min(1.0, self.settings.lease_seconds / 3))
             return
         shards = sorted(self.owned)
         batches = self._read(shards)
@@ -171,7 +172,7 @@ class Ingest:
             self._take(fair, ttl_ms)
 
     def _take(self, fair: int, ttl_ms: int) -> None:
-        floors = self._epoch_floors()
+        floors = self._log().epochs()
         start = zlib.crc32(self.streams.consumer.encode()) % self.settings.shards
         for i in range(self.settings.shards):
             shard = (start + i) % self.settings.shards
@@ -185,12 +186,6 @@ class Ingest:
                 self.owned[shard] = epoch
                 self.recovering.add(shard)
                 log.info("lease taken", shard=shard, epoch=epoch)
-
-    def _epoch_floors(self) -> dict[int, int]:
-        with self._log().conn.cursor() as cur:
-            rows = cur.execute("SELECT shard, epoch FROM shard_checkpoints").fetchall()
-        self._log().conn.rollback()
-        return {int(r[0]): int(r[1]) for r in rows}
 
     def _drop(self, shard: int) -> None:
         self.owned.pop(shard, None)
@@ -252,16 +247,16 @@ class Ingest:
             log.warning("fenced: a newer owner wrote this shard", shard=shard, error=str(e))
             self._drop(shard)
             return
-        except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as e:
+        except (Conflict, StorageRefused) as e:
             self._isolate(shard, batch, e, retry)
             return
         self.streams.ack(shard, [a.entry_id for a in batch])
         self.stored += stored
 
     def _isolate(
-        self, shard: int, batch: Sequence[Accepted], error: psycopg.Error, retry: bool
+        self, shard: int, batch: Sequence[Accepted], error: Exception, retry: bool
     ) -> None:
-        if retry and isinstance(error, psycopg.errors.UniqueViolation):
+        if retry and isinstance(error, Conflict):
             # Another writer overlapped (only possible around a lease hand-over): one
             # retry sees its rows and skips them.
             log.warning("concurrent writer, retrying batch", shard=shard, error=str(error))
@@ -283,11 +278,11 @@ class Ingest:
 
     # -- Postgres connection ----------------------------------------------------------------
     def _log(self) -> EventLog:
-        if self._eventlog is None or self._eventlog.conn.closed or self._eventlog.conn.broken:
-            self._eventlog = EventLog(self.connect())
+        if self._eventlog is None:
+            self._eventlog = self.open_log()
         return self._eventlog
 
     def _close_db(self) -> None:
         if self._eventlog is not None:
-            self._eventlog.conn.close()
+            self._eventlog.close()
             self._eventlog = None

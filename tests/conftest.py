@@ -1,0 +1,50 @@
+"""Fixtures shared by every test layer."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from tests.support import services
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    """A fresh, migrated database for this test session (dropped at the end)."""
+    base = os.environ.get("DATABASE_URL")
+    if not base:
+        services.unavailable("Postgres (DATABASE_URL)", "DATABASE_URL is not set")
+    name = f"contextlog_test_{os.getpid()}"
+    url = services.create_database(base, name)
+    yield url
+    services.drop_database(base, name)
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[str]:
+    """The session database, emptied before each test; yields its URL."""
+    services.truncate(database_url)
+    yield database_url
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    """REDIS_URL (its database number is the test database), flushed around each test."""
+    url = os.environ.get("REDIS_URL")
+    client = services.redis_or_skip(url)
+    assert url is not None
+    client.flushdb()
+    yield url
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture
+def rds(redis_url: str) -> Iterator[redis.Redis]:
+    """A client on the flushed test Redis."""
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()

@@ -1,0 +1,76 @@
+"""Reaching the real Postgres and Redis from tests: skip on a laptop without them, fail in CI."""
+
+from __future__ import annotations
+
+import os
+from typing import NoReturn
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+import redis
+
+from worker.eventlog import migrate
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def unavailable(what: str, detail: str) -> NoReturn:
+    """Skip (or, in CI, fail) a test whose server is missing, saying how to get one."""
+    message = f"{what} is not available ({detail}); run the tests with `make test`"
+    if IN_CI:
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+def with_database(url: str, name: str) -> str:
+    """The same server URL pointing at another database."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+def create_database(base_url: str, name: str) -> str:
+    """Create a fresh, migrated database next to `base_url`'s; returns its URL."""
+    try:
+        admin = psycopg.connect(base_url, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as e:
+        unavailable("Postgres (DATABASE_URL)", str(e).strip())
+    with admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = with_database(base_url, name)
+    with psycopg.connect(url) as conn:
+        migrate(conn)
+    return url
+
+
+def drop_database(base_url: str, name: str) -> None:
+    """Drop a test database, disconnecting whoever is still on it."""
+    with psycopg.connect(base_url, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def redis_or_skip(url: str | None) -> redis.Redis:
+    """A client for `url`, or skip/fail when Redis does not answer."""
+    if not url:
+        unavailable("Redis (REDIS_URL)", "REDIS_URL is not set")
+    client = redis.Redis.from_url(url, socket_timeout=10)
+    try:
+        client.ping()
+    except redis.RedisError as e:
+        unavailable("Redis (REDIS_URL)", str(e))
+    return client
+
+
+def truncate(url: str) -> None:
+    """Empty every contextlog table between tests."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+                " AND tablename <> 'schema_migrations'"
+            ).fetchall()
+        ]
+        if tables:
+            conn.execute("TRUNCATE " + ", ".join(f'"{t}"' for t in tables) + " RESTART IDENTITY")

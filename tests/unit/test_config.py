@@ -1,0 +1,51 @@
+"""Settings are read in one place and a bad value names its variable."""
+
+from __future__ import annotations
+
+import pytest
+
+from schema.errors import ConfigError
+from worker.config import Settings
+
+
+def test_defaults_when_nothing_is_set() -> None:
+    s = Settings.from_env({})
+    assert s.redis_url == "redis://127.0.0.1:6379/0"
+    assert s.shards == 4
+    assert s.batch_size == 500
+    assert s.max_entry_bytes == 256 * 1024
+    assert s.consumer  # host-pid by default
+
+
+def test_values_are_parsed() -> None:
+    s = Settings.from_env(
+        {
+            "REDIS_URL": "unix:///tmp/r.sock?db=3",
+            "DATABASE_URL": "postgresql://u@h/db",
+            "CONTEXTLOG_SHARDS": "8",
+            "CONTEXTLOG_BATCH_SIZE": "100",
+            "CONTEXTLOG_LEASE_SECONDS": "2.5",
+            "CONTEXTLOG_CONSUMER": "ingest-1",
+            "CONTEXTLOG_LOG_FORMAT": "Console",
+        }
+    )
+    assert (s.shards, s.batch_size, s.lease_seconds) == (8, 100, 2.5)
+    assert (s.consumer, s.log_format) == ("ingest-1", "console")
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("REDIS_URL", "localhost", "REDIS_URL is not a redis:// or unix:// URL: 'localhost'"),
+        ("DATABASE_URL", "mysql://x", "DATABASE_URL is not a postgresql:// URL"),
+        ("CONTEXTLOG_BATCH_SIZE", "lots", "CONTEXTLOG_BATCH_SIZE is not a whole number"),
+        ("CONTEXTLOG_BATCH_SIZE", "0", "CONTEXTLOG_BATCH_SIZE must be between"),
+        ("CONTEXTLOG_LEASE_SECONDS", "0.1", "CONTEXTLOG_LEASE_SECONDS must be between"),
+        ("CONTEXTLOG_LOG_LEVEL", "loud", "CONTEXTLOG_LOG_LEVEL must be one of"),
+        ("CONTEXTLOG_SHARDS", "x", "CONTEXTLOG_SHARDS is not a whole number"),
+    ],
+)
+def test_bad_value_names_the_variable(name: str, value: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({name: value})
+    assert message in str(info.value)

@@ -1,0 +1,167 @@
+"""The event contract: round trips and every kind of bad input, with its reason."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import sys
+import uuid
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from schema import codec
+from schema import events as ev
+from schema.errors import EventRejected, EventTooLarge
+
+T0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
+EID = "01a20134-0bd6-74d9-a389-a82c876e4360"
+
+
+def raw(**overrides: Any) -> bytes:
+    body: dict[str, Any] = {
+        "type": "message.v1",
+        "event_id": EID,
+        "agent": "alpha",
+        "channel": "general",
+        "occurred_at": "2026-11-22T12:00:00Z",
+        "role": "user",
+        "content": "hi",
+    }
+    body.update(overrides)
+    return json.dumps({k: v for k, v in body.items() if v is not ...}).encode()
+
+
+def reason_of(data: bytes, max_bytes: int = codec.DEFAULT_MAX_ENTRY_BYTES) -> str:
+    with pytest.raises(EventRejected) as info:
+        codec.decode(data, max_bytes)
+    return info.value.reason
+
+
+COMMON = {"event_id": uuid.UUID(EID), "agent": "alpha", "channel": "general", "occurred_at": T0}
+EXAMPLES: list[ev.Event] = [
+    ev.MessagePosted(
+        role="user",
+        content="hello",
+        thread="t1",
+        sender="ada",
+        source="discord",
+        external_id="123",
+        **COMMON,
+    ),
+    ev.MessagePosted(
+        role="assistant",
+        content=[
+            ev.TextBlock(text="looking"),
+            ev.ToolUseBlock(
+                id="toolu_1", name="get_weather", input=msgspec.Raw(b'{"city":"Oslo"}')
+            ),
+        ],
+        **COMMON,
+    ),
+    ev.MessagePosted(
+        role="user",
+        content=[
+            ev.ToolResultBlock(
+                tool_use_id="toolu_1", content=[ev.TextBlock(text="4C")], is_error=True
+            ),
+        ],
+        **COMMON,
+    ),
+    ev.ContextCleared(**COMMON),
+    ev.SessionSaveRequested(description="auth refactor", provider="anthropic", model="m", **COMMON),
+    ev.SessionRestoreRequested(session_id="last", **COMMON),
+    ev.SessionDeleteRequested(session_id="2026-11-22_auth-refactor", **COMMON),
+    ev.SessionsPurgeRequested(keep=3, **COMMON),
+    ev.Configured(rolling_window=3600, idle_timeout=0, token_budget=8000, **COMMON),
+]
+
+
+@pytest.mark.parametrize("event", EXAMPLES, ids=lambda e: ev.kind_of(e))
+def test_every_event_type_round_trips(event: ev.Event) -> None:
+    assert codec.decode(codec.encode(event)) == event
+
+
+def test_tags_are_versioned_and_unique() -> None:
+    tags = [ev.kind_of(e) for e in EXAMPLES]
+    assert all(t.endswith(".v1") for t in tags)
+    assert len({ev.kind_of(e) for e in EXAMPLES}) == len(ev.EVENT_TYPES)
+
+
+@given(
+    text=st.text(max_size=300).filter(lambda s: "\x00" not in s),
+    thread=st.none()
+    | st.text(st.characters(min_codepoint=32, exclude_characters="\x7f"), min_size=1, max_size=40),
+)
+def test_any_text_without_nul_round_trips(text: str, thread: str | None) -> None:
+    event = ev.MessagePosted(role="user", content=text, thread=thread, **COMMON)
+    assert codec.decode(codec.encode(event)) == event
+
+
+def test_oversized_entry_is_rejected_before_decoding() -> None:
+    # Not even valid JSON: the size cap must answer first.
+    with pytest.raises(EventTooLarge) as info:
+        codec.decode(b"{" * 2000, max_bytes=1024)
+    assert info.value.reason == codec.OVERSIZED
+    assert "2000 bytes" in info.value.detail
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"{not json", codec.MALFORMED),
+        (b"", codec.MALFORMED),
+        (b"\xff\xfe", codec.MALFORMED),
+        (raw(type="message.v9"), codec.UNKNOWN_TYPE),
+        (raw(type=...), codec.UNKNOWN_TYPE),
+        (b"[1, 2]", codec.INVALID),
+        (raw(role="system"), codec.INVALID),
+        (raw(agent=""), codec.INVALID),
+        (raw(agent="a" * 201), codec.INVALID),
+        (raw(channel="gen\neral"), codec.INVALID),
+        (raw(event_id="not-a-uuid"), codec.INVALID),
+        (raw(occurred_at="2026-11-22T12:00:00"), codec.INVALID),  # no timezone
+        (raw(content=[]), codec.INVALID),
+        (raw(content=[{"type": "text", "text": "x"}] * 257), codec.INVALID),
+        (raw(content="x" * 200_001), codec.INVALID),
+        (raw(content=[{"type": "image", "source": {}}]), codec.INVALID),
+        (raw(content=[{"type": "tool_use", "id": "t 1", "name": "x", "input": {}}]), codec.INVALID),
+        (raw(content=[{"type": "tool_use", "id": "t1", "name": "x", "input": [1]}]), codec.INVALID),
+        (raw(content="nul \u0000 inside"), codec.INVALID),
+        (raw(agent="nul\u0000"), codec.INVALID),
+        (
+            raw(content=[{"type": "tool_use", "id": "t1", "name": "x", "input": {"k": "\u0000"}}]),
+            codec.INVALID,
+        ),
+        (raw(type="purge_sessions.v1", keep=-1, role=..., content=...), codec.INVALID),
+        (raw(type="configure.v1", idle_timeout=10**9, role=..., content=...), codec.INVALID),
+    ],
+)
+def test_bad_input_is_rejected_with_a_reason(data: bytes, reason: str) -> None:
+    assert reason_of(data) == reason
+
+
+def test_escaped_backslash_before_u0000_is_plain_text() -> None:
+    # The text is a backslash followed by "u0000", not a NUL character.
+    event = codec.decode(raw(content="\\u0000"))
+    assert isinstance(event, ev.MessagePosted)
+    assert event.content == "\\u0000"
+
+
+def test_entry_without_payload_field_is_malformed() -> None:
+    with pytest.raises(EventRejected) as info:
+        codec.decode_fields({b"x": b"y"})
+    assert info.value.reason == codec.MALFORMED
+    assert "'x'" in info.value.detail
+
+
+def test_decoder_survives_interpreter_shutdown() -> None:
+    # msgspec issue #717: some constrained unions crash the GC at exit. Guard the
+    # shapes we use: building the decoder and exiting must never segfault.
+    for _ in range(8):
+        done = subprocess.run([sys.executable, "-c", "import schema.codec"], check=False)
+        assert done.returncode == 0

@@ -1,0 +1,277 @@
+"""The ingest loop on fakeredis with the in-memory event log and a fake clock."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+
+import fakeredis
+import pytest
+
+from producers import Producer
+from schema import codec, keys
+from schema import events as ev
+from schema.errors import Unavailable
+from worker.clock import FakeClock
+from worker.config import Settings
+from worker.eventlog import Accepted, MemoryEventLog
+from worker.ingest import Ingest
+from worker.streams import Streams
+
+SHARDS = 4
+
+
+class Harness:
+    """A producer and ingest processes sharing one fake Redis and one memory log."""
+
+    def __init__(self) -> None:
+        self.server = fakeredis.FakeServer()
+        self.redis = fakeredis.FakeRedis(server=self.server)
+        self.log = MemoryEventLog()
+        self.clock = FakeClock()
+        self.producer = Producer(self.redis, shards=SHARDS)
+
+    def ingest(
+        self,
+        name: str = "c1",
+        open_log: Callable[[], MemoryEventLog] | None = None,
+        **overrides: object,
+    ) -> Ingest:
+        settings = Settings(
+            shards=SHARDS,
+            block_ms=1,
+            lease_seconds=6,
+            trim_seconds=0,
+            max_deliveries=3,
+            consumer=name,
+            **overrides,
+        )  # type: ignore[arg-type]
+        client = fakeredis.FakeRedis(server=self.server)
+        return Ingest(
+            settings,
+            Streams(client, name),
+            open_log or (lambda: self.log),
+            self.clock,
+            threading.Event(),
+            pause=self.clock.sleep,
+        )
+
+    def drain(self, ingest: Ingest, steps: int = 5) -> None:
+        for _ in range(steps):
+            ingest.step()
+
+    def stored(self, agent: str = "alpha", channel: str = "general") -> list[tuple[int, str]]:
+        return [
+            (seq, str(a.event.event_id))
+            for seq, a in self.log.rows
+            if (a.event.agent, a.event.channel) == (agent, channel)
+        ]
+
+    def pending(self) -> int:
+        total = 0
+        for s in range(SHARDS):
+            if self.redis.exists(keys.stream(s)):
+                total += self.redis.xpending(keys.stream(s), keys.INGEST_GROUP)["pending"]
+        return total
+
+    def dead(self) -> list[dict[bytes, bytes]]:
+        return [f for _, f in self.redis.xrange(keys.DEAD_LETTERS)]
+
+    def raw_entry(
+        self, fields: dict[bytes, bytes], agent: str = "alpha", channel: str = "general"
+    ) -> str:
+        stream = keys.stream(keys.shard_of(agent, channel, SHARDS))
+        return str(self.redis.xadd(stream, fields).decode())
+
+
+@pytest.fixture
+def h() -> Harness:
+    return Harness()
+
+
+def test_valid_entries_are_stored_in_stream_order_and_acknowledged(h: Harness) -> None:
+    ids = [h.producer.post_message("alpha", "general", "user", f"m{i}") for i in range(20)]
+    ing = h.ingest()
+    h.drain(ing)
+    assert h.stored() == [(i + 1, eid) for i, eid in enumerate(ids)]
+    assert h.pending() == 0
+
+
+def test_bad_entries_go_to_dead_letters_and_the_good_ones_around_them_are_stored(
+    h: Harness,
+) -> None:
+    before = h.producer.post_message("alpha", "general", "user", "before")
+    h.raw_entry({b"e": b"{broken"})
+    h.raw_entry({b"e": b'{"type": "poll.v1"}'})
+    h.raw_entry({b"other": b"field"})
+    h.raw_entry({b"e": b"x" * (codec.DEFAULT_MAX_ENTRY_BYTES + 1)})
+    after = h.producer.post_message("alpha", "general", "user", "after")
+    h.drain(h.ingest())
+    assert [eid for _, eid in h.stored()] == [before, after]
+    dead = h.dead()
+    assert [d[b"reason"] for d in dead] == [
+        b"malformed",
+        b"unknown_type",
+        b"malformed",
+        b"oversized",
+    ]
+    assert dead[0][b"orig:e"] == b"{broken"  # the original fields are kept
+    assert dead[2][b"orig:other"] == b"field"
+    assert dead[0][b"stream"] == keys.stream(keys.shard_of("alpha", "general", SHARDS)).encode()
+    assert h.redis.hgetall(keys.STATS) == {
+        b"dead:malformed": b"2",
+        b"dead:unknown_type": b"1",
+        b"dead:oversized": b"1",
+    }
+    assert h.pending() == 0
+
+
+def test_redelivered_entries_are_stored_once(h: Harness) -> None:
+    eid = h.producer.post_message("alpha", "general", "user", "hello")
+    # The same event pushed twice (an adapter retry without an external id).
+    stream = keys.stream(keys.shard_of("alpha", "general", SHARDS))
+    [(_, fields)] = h.redis.xrange(stream)
+    h.redis.xadd(stream, fields)
+    h.drain(h.ingest())
+    assert h.stored() == [(1, eid)]
+    assert h.pending() == 0
+
+
+def test_nothing_is_acknowledged_while_postgres_is_down(h: Harness) -> None:
+    ids = [h.producer.post_message("alpha", "general", "user", f"m{i}") for i in range(5)]
+    down = True
+
+    def open_log() -> MemoryEventLog:
+        if down:
+            raise Unavailable("Postgres: connection refused")
+        return h.log
+
+    ing = h.ingest(open_log=open_log)
+    h.drain(ing, steps=3)
+    assert h.log.rows == []
+    assert ing.health.down.keys() == {"postgres"}
+    assert h.clock.slept[:3] == [0.05, 0.1, 0.2]  # backoff doubles
+    down = False
+    h.drain(ing, steps=3)
+    assert [eid for _, eid in h.stored()] == ids
+    assert ing.health.down == {}
+    assert h.pending() == 0
+
+
+def test_a_crash_between_commit_and_ack_stores_nothing_twice(h: Harness) -> None:
+    ids = [h.producer.post_message("alpha", "general", "user", f"m{i}") for i in range(5)]
+    first = h.ingest("c1")
+    original_ack = first.streams.ack
+    first.streams.ack = lambda shard, entry_ids: None  # type: ignore[method-assign]
+    h.drain(first, steps=2)  # committed, never acknowledged: as if killed right after COMMIT
+    assert len(h.log.rows) == 5 and h.pending() == 5
+    first.streams.ack = original_ack  # type: ignore[method-assign]
+    first.shutdown()
+    second = h.ingest("c2")
+    h.drain(second)
+    assert [eid for _, eid in h.stored()] == ids
+    assert h.pending() == 0
+
+
+def test_poison_entry_is_dead_lettered_after_too_many_deliveries(h: Harness) -> None:
+    eid = h.producer.post_message("alpha", "general", "user", "poison?")
+    stream = keys.stream(keys.shard_of("alpha", "general", SHARDS))
+    streams = Streams(h.redis, "crashy")
+    streams.ensure_group(keys.shard_of("alpha", "general", SHARDS))
+    streams.read_new([keys.shard_of("alpha", "general", SHARDS)], 10, 1)
+    for _ in range(3):  # three more deliveries to consumers that then died
+        h.redis.xautoclaim(stream, keys.INGEST_GROUP, "crashy", 0, "0-0")
+    h.drain(h.ingest())
+    assert h.log.rows == []
+    [dead] = h.dead()
+    assert dead[b"reason"] == b"poison"
+    assert b"delivered 5 times" in dead[b"detail"]
+    assert eid.encode() in dead[b"orig:e"]
+    assert h.pending() == 0
+
+
+def test_an_entry_the_database_refuses_is_isolated(h: Harness) -> None:
+    ids = [h.producer.post_message("alpha", "general", "user", f"m{i}") for i in range(7)]
+    h.log.refuse.add(uuid.UUID(ids[3]))
+    h.drain(h.ingest())
+    assert [eid for _, eid in h.stored()] == ids[:3] + ids[4:]
+    [dead] = h.dead()
+    assert dead[b"reason"] == b"database_refused"
+    assert ids[3].encode() in dead[b"orig:e"]
+
+
+def test_a_fenced_writer_lets_go_without_acknowledging(h: Harness) -> None:
+    h.producer.post_message("alpha", "general", "user", "hello")
+    shard = keys.shard_of("alpha", "general", SHARDS)
+    ing = h.ingest()
+    ing.rebalance()
+    h.log.checkpoints[shard] = (ing.owned[shard] + 5, "0-0")  # a newer owner committed
+    h.drain(ing, steps=1)
+    assert shard not in ing.owned
+    assert h.log.rows == [] and h.pending() == 1
+
+
+def test_two_processes_split_the_shards_and_one_takes_over_when_the_other_leaves(
+    h: Harness,
+) -> None:
+    a, b = h.ingest("a"), h.ingest("b")
+    a.rebalance()
+    assert len(a.owned) == SHARDS  # alone: everything
+    b.rebalance()  # sees two members; a gives back its extras at its next check
+    a.rebalance()
+    b.rebalance()
+    assert len(a.owned) == len(b.owned) == SHARDS // 2
+    assert set(a.owned).isdisjoint(b.owned)
+    a.shutdown()
+    h.clock.advance(7)  # a's membership expires
+    b.rebalance()
+    assert sorted(b.owned) == list(range(SHARDS))
+
+
+def test_lease_epochs_never_go_back_below_what_postgres_saw(h: Harness) -> None:
+    h.log.checkpoints[0] = (41, "0-0")  # Redis lost its data; Postgres remembers epoch 41
+    ing = h.ingest()
+    ing.rebalance()
+    assert ing.owned[0] == 42
+
+
+def test_trimming_never_drops_an_unacknowledged_entry(h: Harness) -> None:
+    shard = keys.shard_of("alpha", "general", SHARDS)
+    stream = keys.stream(shard)
+    h.producer.post_message("alpha", "general", "user", "acked-1")
+    h.producer.post_message("alpha", "general", "user", "acked-2")
+    ing = h.ingest()
+    h.drain(ing, steps=2)
+    pending = Streams(h.redis, "other")
+    h.producer.post_message("alpha", "general", "user", "pending")
+    pending.read_new([shard], 10, 1)  # delivered to a consumer, not acknowledged
+    h.producer.post_message("alpha", "general", "user", "undelivered")
+    Streams(h.redis, "c1").trim(shard)
+    left = [codec.decode_fields(f) for _, f in h.redis.xrange(stream)]
+    texts = [e.content for e in left if isinstance(e, ev.MessagePosted)]
+    assert texts == ["pending", "undelivered"]
+
+
+def test_stop_ends_the_loop_after_the_batch_in_hand_and_releases_leases(h: Harness) -> None:
+    ing = h.ingest()
+    eid = h.producer.post_message("alpha", "general", "user", "hi")
+    original_process = ing.process
+
+    def process_then_stop(*args: object, **kwargs: object) -> None:
+        ing.stop.set()  # SIGTERM arrives while a batch is in hand
+        original_process(*args, **kwargs)  # type: ignore[arg-type]
+
+    ing.process = process_then_stop  # type: ignore[method-assign]
+    assert ing.run() == 0
+    assert h.stored() == [(1, eid)] and h.pending() == 0
+    assert all(h.redis.get(keys.lease(s)) is None for s in range(SHARDS))
+    assert h.redis.zcard(keys.MEMBERS) == 0
+
+
+def test_accepted_keeps_the_original_bytes(h: Harness) -> None:
+    h.producer.post_message("alpha", "general", "user", "hi")
+    h.drain(h.ingest())
+    [(_, accepted)] = h.log.rows
+    assert isinstance(accepted, Accepted)
+    assert codec.decode(accepted.payload) == accepted.event

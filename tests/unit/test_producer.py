@@ -1,0 +1,184 @@
+"""Producers on fakeredis: ids, sharding, batching, validation before anything is sent."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import uuid
+
+import fakeredis
+import pytest
+
+from producers import AsyncProducer, EventRejected, EventTooLarge, Producer
+from producers.commands import parse_duration
+from producers.ids import derived_id, uuid7
+from schema import codec, keys
+from schema import events as ev
+from schema.errors import ConfigError
+
+T0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
+
+
+@pytest.fixture
+def server() -> fakeredis.FakeServer:
+    return fakeredis.FakeServer()
+
+
+@pytest.fixture
+def producer(server: fakeredis.FakeServer) -> Producer:
+    return Producer(fakeredis.FakeRedis(server=server), shards=4, clock=lambda: T0)
+
+
+def stored(p: Producer, agent: str, channel: str) -> list[ev.AnyEvent]:
+    stream = keys.stream(keys.shard_of(agent, channel, 4))
+    return [codec.decode_fields(f) for _, f in p.redis.xrange(stream)]
+
+
+def test_message_lands_on_its_shard_stream(producer: Producer) -> None:
+    eid = producer.post_message("alpha", "general", "user", "hello", thread="t1", sender="ada")
+    [event] = stored(producer, "alpha", "general")
+    assert isinstance(event, ev.MessagePosted)
+    assert (str(event.event_id), event.content, event.thread, event.sender) == (
+        eid,
+        "hello",
+        "t1",
+        "ada",
+    )
+    assert event.occurred_at == T0
+    others = [
+        keys.stream(s)
+        for s in range(4)
+        if keys.stream(s) != keys.stream(keys.shard_of("alpha", "general", 4))
+    ]
+    assert all(producer.redis.xlen(s) == 0 for s in others)
+
+
+def test_event_ids_are_uuid7_and_time_ordered() -> None:
+    ids = [uuid7(1_700_000_000_000 + i) for i in range(50)]
+    assert all(i.version == 7 and i.variant == uuid.RFC_4122 for i in ids)
+    assert ids == sorted(ids)
+
+
+def test_platform_message_id_gives_the_same_event_id(producer: Producer) -> None:
+    a = producer.post_message("alpha", "general", "user", "hi", source="discord", external_id="9")
+    b = producer.post_message("alpha", "general", "user", "hi", source="discord", external_id="9")
+    c = producer.post_message("alpha", "general", "user", "hi", source="slack", external_id="9")
+    assert a == b == str(derived_id("discord", "9"))
+    assert c != a
+
+
+def test_content_blocks_are_accepted_as_dicts(producer: Producer) -> None:
+    producer.post_message(
+        "alpha",
+        "general",
+        "assistant",
+        [
+            {"type": "text", "text": "checking"},
+            {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {"q": "x"}},
+        ],
+    )
+    [event] = stored(producer, "alpha", "general")
+    assert isinstance(event, ev.MessagePosted) and isinstance(event.content, list)
+    assert isinstance(event.content[1], ev.ToolUseBlock)
+    assert bytes(event.content[1].input) == b'{"q":"x"}'
+
+
+def test_commands_carry_their_fields(producer: Producer) -> None:
+    producer.clear("alpha", "general")
+    producer.save("alpha", "general", "auth refactor")
+    producer.restore("alpha", "general", "last")
+    producer.delete_session("alpha", "general", "2026-11-22_x")
+    producer.purge_sessions("alpha", "general", 3)
+    producer.configure(
+        "alpha", "general", idle_timeout=dt.timedelta(minutes=10), rolling_window=3600
+    )
+    kinds = [ev.kind_of(e) for e in stored(producer, "alpha", "general")]
+    assert kinds == [
+        "clear.v1",
+        "save.v1",
+        "restore.v1",
+        "delete_session.v1",
+        "purge_sessions.v1",
+        "configure.v1",
+    ]
+    configured = stored(producer, "alpha", "general")[-1]
+    assert isinstance(configured, ev.Configured)
+    assert (configured.idle_timeout, configured.rolling_window, configured.token_budget) == (
+        600,
+        3600,
+        None,
+    )
+
+
+def test_bad_input_raises_and_sends_nothing(producer: Producer) -> None:
+    with pytest.raises(EventRejected, match="role"):
+        producer.post_message("alpha", "general", "bot", "hi")
+    with pytest.raises(EventRejected, match="tool_use input must be a JSON object"):
+        producer.post_message(
+            "alpha",
+            "general",
+            "assistant",
+            [{"type": "tool_use", "id": "t", "name": "x", "input": 3}],
+        )
+    with pytest.raises(EventRejected):
+        producer.post_message("", "general", "user", "hi")
+    assert stored(producer, "alpha", "general") == []
+
+
+def test_oversized_event_is_refused_at_the_producer(server: fakeredis.FakeServer) -> None:
+    p = Producer(fakeredis.FakeRedis(server=server), shards=4, max_entry_bytes=2048)
+    with pytest.raises(EventTooLarge, match="cap is 2048"):
+        p.post_message("alpha", "general", "user", "x" * 3000)
+
+
+def test_batch_sends_everything_in_one_pipeline(producer: Producer) -> None:
+    with producer.batch() as b:
+        first = b.post_message("alpha", "general", "user", "one")
+        b.post_message("alpha", "general", "assistant", "two")
+        b.clear("alpha", "general")
+        assert stored(producer, "alpha", "general") == []  # nothing before the block ends
+    events = stored(producer, "alpha", "general")
+    assert [str(e.event_id) for e in events] == b.ids
+    assert b.ids[0] == first
+
+
+def test_a_bad_event_in_a_batch_sends_none_of_it(producer: Producer) -> None:
+    with pytest.raises(EventRejected), producer.batch() as b:
+        b.post_message("alpha", "general", "user", "fine")
+        b.post_message("alpha", "general", "nobody", "bad")
+    assert stored(producer, "alpha", "general") == []
+
+
+def test_shard_count_mismatch_with_ingest_is_refused(producer: Producer) -> None:
+    producer.redis.set(keys.SHARDS_KEY, 8)
+    with pytest.raises(ConfigError, match="CONTEXTLOG_SHARDS=8"):
+        producer.post_message("alpha", "general", "user", "hi")
+
+
+def test_async_producer(server: fakeredis.FakeServer) -> None:
+    async def go() -> list[str]:
+        p = AsyncProducer(fakeredis.FakeAsyncRedis(server=server), shards=4)
+        one = await p.post_message("alpha", "general", "user", "hi")
+        async with p.batch() as b:
+            b.post_message("alpha", "general", "assistant", "hello")
+            b.save("alpha", "general", "greeting")
+        await p.aclose()
+        return [one, *b.ids]
+
+    ids = asyncio.run(go())
+    sync_view = Producer(fakeredis.FakeRedis(server=server), shards=4)
+    assert [str(e.event_id) for e in stored(sync_view, "alpha", "general")] == ids
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90", 90), ("90s", 90), ("10m", 600), ("24h", 86400), ("7d", 604800), ("0", 0)],
+)
+def test_parse_duration(text: str, seconds: int) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "m", "ten minutes", "-5m", "1.5h"])
+def test_parse_duration_refuses_nonsense(text: str) -> None:
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_duration(text)
