@@ -122,6 +122,8 @@ def test_bad_input_raises_and_sends_nothing(producer: Producer) -> None:
         )
     with pytest.raises(EventRejected):
         producer.post_message("", "general", "user", "hi")
+    with pytest.raises(EventRejected, match="cannot encode"):
+        producer.post_message("alpha", "general", "user", "lone surrogate \ud800")
     assert stored(producer, "alpha", "general") == []
 
 
