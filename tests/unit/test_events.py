@@ -42,7 +42,12 @@ def reason_of(data: bytes, max_bytes: int = codec.DEFAULT_MAX_ENTRY_BYTES) -> st
     return info.value.reason
 
 
-COMMON = {"event_id": uuid.UUID(EID), "agent": "alpha", "channel": "general", "occurred_at": T0}
+COMMON: dict[str, Any] = {
+    "event_id": uuid.UUID(EID),
+    "agent": "alpha",
+    "channel": "general",
+    "occurred_at": T0,
+}
 EXAMPLES: list[ev.Event] = [
     ev.MessagePosted(
         role="user",
@@ -93,12 +98,10 @@ def test_tags_are_versioned_and_unique() -> None:
 
 
 @given(
-    text=st.text(
-        st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=300
-    ),
+    text=st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=300),
     thread=st.none()
     | st.text(
-        st.characters(min_codepoint=32, exclude_categories=("Cs",), exclude_characters="\x7f"),
+        st.characters(min_codepoint=32, exclude_categories=["Cs"], exclude_characters="\x7f"),
         min_size=1,
         max_size=40,
     ),

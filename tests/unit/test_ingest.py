@@ -5,9 +5,11 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import fakeredis
 import pytest
+from structlog.testing import capture_logs
 
 from producers import Producer
 from schema import codec, keys
@@ -27,7 +29,7 @@ class Harness:
 
     def __init__(self) -> None:
         self.server = fakeredis.FakeServer()
-        self.redis = fakeredis.FakeRedis(server=self.server)
+        self.redis: Any = fakeredis.FakeRedis(server=self.server)  # bytes replies
         self.log = MemoryEventLog()
         self.clock = FakeClock()
         self.producer = Producer(self.redis, shards=SHARDS)
@@ -36,7 +38,7 @@ class Harness:
         self,
         name: str = "c1",
         open_log: Callable[[], MemoryEventLog] | None = None,
-        **overrides: object,
+        **overrides: Any,
     ) -> Ingest:
         settings = Settings(
             shards=SHARDS,
@@ -46,7 +48,7 @@ class Harness:
             max_deliveries=3,
             consumer=name,
             **overrides,
-        )  # type: ignore[arg-type]
+        )
         client = fakeredis.FakeRedis(server=self.server)
         return Ingest(
             settings,
@@ -148,12 +150,17 @@ def test_nothing_is_acknowledged_while_postgres_is_down(h: Harness) -> None:
         return h.log
 
     ing = h.ingest(open_log=open_log)
-    h.drain(ing, steps=3)
-    assert h.log.rows == []
-    assert ing.health.down.keys() == {"postgres"}
-    assert h.clock.slept[:3] == [0.05, 0.1, 0.2]  # backoff doubles
-    down = False
-    h.drain(ing, steps=3)
+    with capture_logs() as logs:
+        h.drain(ing, steps=3)
+        assert h.log.rows == []
+        assert ing.health.down.keys() == {"postgres"}
+        assert h.clock.slept[:3] == [0.05, 0.1, 0.2]  # backoff doubles
+        down = False
+        h.drain(ing, steps=3)
+    events = [e["event"] for e in logs]
+    # Logged once per state change, not once per retry.
+    assert events.count("dependency unavailable, retrying") == 1
+    assert events.count("dependency back") == 1
     assert [eid for _, eid in h.stored()] == ids
     assert ing.health.down == {}
     assert h.pending() == 0

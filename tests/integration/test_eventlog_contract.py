@@ -1,0 +1,145 @@
+"""One contract, two backends: the in-memory fake and Postgres must behave alike."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from producers.ids import uuid7
+from schema import codec
+from schema import events as ev
+from schema.errors import Fenced, StorageRefused
+from worker.eventlog import Accepted, EventLog, MemoryEventLog, PostgresEventLog, migrate
+
+T0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
+
+
+def accepted(
+    channel: str = "general",
+    text: str = "hi",
+    entry: str = "1-0",
+    event_id: uuid.UUID | None = None,
+) -> Accepted:
+    event = ev.MessagePosted(
+        event_id=event_id or uuid7(),
+        agent="alpha",
+        channel=channel,
+        occurred_at=T0,
+        role="user",
+        content=text,
+    )
+    return Accepted(entry, event, codec.encode(event))
+
+
+def seqs(log: EventLog, db_url: str | None) -> list[tuple[str, int, str]]:
+    """(channel, seq, text) of everything stored, in seq order per channel."""
+    if isinstance(log, MemoryEventLog):
+        rows = [(a.event.channel, seq, getattr(a.event, "content", None)) for seq, a in log.rows]
+    else:
+        assert db_url is not None
+        with psycopg.connect(db_url) as conn:
+            rows = conn.execute("SELECT channel, seq, payload->>'content' FROM events").fetchall()
+    return sorted(rows)  # type: ignore[arg-type]
+
+
+@pytest.fixture(params=["memory", "postgres"])
+def backend(request: pytest.FixtureRequest) -> Iterator[tuple[EventLog, str | None]]:
+    if request.param == "memory":
+        yield MemoryEventLog(), None
+        return
+    url = request.getfixturevalue("db")
+    log = PostgresEventLog(psycopg.connect(url))
+    yield log, url
+    log.close()
+
+
+def test_append_assigns_per_conversation_sequence(backend: tuple[EventLog, str | None]) -> None:
+    log, url = backend
+    assert log.append(0, 1, [accepted("a", "1"), accepted("b", "x"), accepted("a", "2")]) == 3
+    assert log.append(0, 1, [accepted("a", "3")]) == 1
+    assert seqs(log, url) == [("a", 1, "1"), ("a", 2, "2"), ("a", 3, "3"), ("b", 1, "x")]
+
+
+def test_append_is_idempotent_on_event_id(backend: tuple[EventLog, str | None]) -> None:
+    log, url = backend
+    batch = [accepted(text="1"), accepted(text="2")]
+    assert log.append(0, 1, batch) == 2
+    assert log.append(0, 1, batch) == 0  # the whole batch redelivered
+    again = accepted(text="3")
+    assert log.append(0, 1, [again, again, batch[0]]) == 1  # repeats inside one batch
+    assert seqs(log, url) == [("general", 1, "1"), ("general", 2, "2"), ("general", 3, "3")]
+
+
+def test_an_older_epoch_is_fenced(backend: tuple[EventLog, str | None]) -> None:
+    log, url = backend
+    log.append(2, 5, [accepted(text="new owner")])
+    with pytest.raises(Fenced):
+        log.append(2, 4, [accepted(text="stale owner")])
+    log.append(3, 1, [accepted(text="other shard")])  # epochs are per shard
+    assert log.epochs() == {2: 5, 3: 1}
+    assert [r[2] for r in seqs(log, url)] == ["new owner", "other shard"]
+
+
+def test_postgres_refusal_is_translated_and_rolls_back(db: str) -> None:
+    log = PostgresEventLog(psycopg.connect(db))
+    good = accepted(text="good")
+    bad_event = ev.MessagePosted(
+        event_id=uuid7(), agent="alpha", channel="general", occurred_at=T0, role="user", content="x"
+    )
+    # Bytes the contract would never pass (jsonb refuses NUL): the database says no.
+    bad = Accepted("2-0", bad_event, b'{"content": "\\u0000"}')
+    with pytest.raises(StorageRefused):
+        log.append(0, 1, [good, bad])
+    assert log.append(0, 1, [good]) == 1  # nothing of the failed batch was kept
+    log.close()
+
+
+def test_migrate_is_idempotent_and_safe_in_parallel(database_url: str) -> None:
+    from tests.support.services import create_database, drop_database
+
+    name = f"contextlog_migrate_{uuid.uuid4().hex[:8]}"
+    url = create_database(database_url, name)  # already migrated once
+    results: list[list[str]] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with psycopg.connect(url) as conn:
+                results.append(migrate(conn))
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    drop_database(database_url, name)
+    assert errors == [] and results == [[], [], [], []]
+
+
+def test_migrate_in_parallel_on_an_empty_database(database_url: str) -> None:
+    from tests.support.services import drop_database, with_database
+
+    name = f"contextlog_empty_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = with_database(database_url, name)
+    results: list[list[str]] = []
+
+    def run() -> None:
+        with psycopg.connect(url) as conn:
+            results.append(migrate(conn))
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    drop_database(database_url, name)
+    assert sorted(results, key=len) == [[], [], [], ["001_events"]]

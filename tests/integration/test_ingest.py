@@ -1,0 +1,165 @@
+"""Ingest against the real Postgres and Redis: round trip, takeover, dead letters, outages."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import psycopg
+
+from producers import Producer
+from schema import keys
+from tests.support.proxy import Proxy, postgres_upstream, redis_upstream, via
+from tests.support.running import count_events, eventually, running, settings_for, stored_ids
+from worker import bootstrap
+from worker.streams import Streams
+
+
+def test_smoke_ingest_round_trip(db: str, redis_url: str) -> None:
+    settings = settings_for(db, redis_url)
+    producer = Producer.from_url(redis_url, shards=4)
+    with running(settings):
+        ids = [
+            producer.post_message("alpha", "general", role, f"m{i}")
+            for i, role in enumerate(["user", "assistant"] * 5)
+        ]
+        eventually(lambda: count_events(db) == 10, what="10 events stored")
+    assert stored_ids(db, "alpha", "general") == ids
+
+
+def test_bad_entries_are_dead_lettered_and_good_ones_stored(
+    db: str, redis_url: str, rds: Any
+) -> None:
+    settings = settings_for(db, redis_url)
+    producer = Producer.from_url(redis_url, shards=4)
+    stream = keys.stream(keys.shard_of("alpha", "general", 4))
+    with running(settings):
+        first = producer.post_message("alpha", "general", "user", "first")
+        rds.xadd(stream, {"e": '{"type": "message.v1", "agent": "alpha"}'})
+        rds.xadd(stream, {"e": "not json at all"})
+        last = producer.post_message("alpha", "general", "user", "last")
+        eventually(
+            lambda: count_events(db) == 2 and rds.xlen(keys.DEAD_LETTERS) == 2,
+            what="2 stored, 2 dead letters",
+        )
+    assert stored_ids(db, "alpha", "general") == [first, last]
+    reasons = [f[b"reason"] for _, f in rds.xrange(keys.DEAD_LETTERS)]
+    assert reasons == [b"invalid", b"malformed"]
+
+
+def test_entries_left_pending_by_a_dead_consumer_are_stored_once(
+    db: str, redis_url: str, rds: Any
+) -> None:
+    producer = Producer.from_url(redis_url, shards=4)
+    ids = [producer.post_message("alpha", f"c{i % 3}", "user", f"m{i}") for i in range(30)]
+    # A consumer that read everything and died before committing anything.
+    dead = Streams(rds, "dead-consumer")
+    for shard in range(4):
+        dead.ensure_group(shard)
+    dead.read_new(list(range(4)), 100, 10)
+    settings = settings_for(db, redis_url, CONTEXTLOG_CONSUMER="survivor")
+    with running(settings):
+        eventually(lambda: count_events(db) == 30, what="30 events stored")
+    for c in range(3):
+        assert stored_ids(db, "alpha", f"c{c}") == ids[c::3]
+    for shard in range(4):
+        assert rds.xpending(keys.stream(shard), keys.INGEST_GROUP)["pending"] == 0
+
+
+def test_a_dead_owners_shards_are_taken_over_within_the_lease(
+    db: str, redis_url: str, rds: Any
+) -> None:
+    producer = Producer.from_url(redis_url, shards=4)
+    a_settings = settings_for(db, redis_url, CONTEXTLOG_CONSUMER="a", CONTEXTLOG_LEASE_SECONDS="1")
+    b_settings = settings_for(db, redis_url, CONTEXTLOG_CONSUMER="b", CONTEXTLOG_LEASE_SECONDS="1")
+    a = bootstrap.build_ingest(a_settings, threading.Event())
+    a.rebalance()
+    assert len(a.owned) == 4  # a holds every shard, then dies without letting go
+    a._close_db()  # its process is gone: connection closed, leases left to expire
+    ids = [producer.post_message("alpha", f"c{i}", "user", "hi") for i in range(8)]
+    with running(b_settings) as b:
+        eventually(lambda: count_events(db) == 8, timeout=10, what="b to take over")
+        assert sorted(b.owned) == [0, 1, 2, 3]
+    assert {i for c in range(8) for i in stored_ids(db, "alpha", f"c{c}")} == set(ids)
+    assert [rds.get(keys.lease(s)) for s in range(4)] == [None] * 4  # b let go on stop
+
+
+def test_two_ingest_processes_split_the_shards(db: str, redis_url: str) -> None:
+    producer = Producer.from_url(redis_url, shards=4)
+    with (
+        running(
+            settings_for(db, redis_url, CONTEXTLOG_CONSUMER="a", CONTEXTLOG_LEASE_SECONDS="1")
+        ) as a,
+        running(
+            settings_for(db, redis_url, CONTEXTLOG_CONSUMER="b", CONTEXTLOG_LEASE_SECONDS="1")
+        ) as b,
+    ):
+        eventually(lambda: len(a.owned) == 2 and len(b.owned) == 2, timeout=10, what="a fair split")
+        assert set(a.owned).isdisjoint(b.owned)
+        ids = [producer.post_message("alpha", f"c{i}", "user", "hi") for i in range(40)]
+        eventually(lambda: count_events(db) == 40, what="40 events stored")
+    assert a.stored > 0 and b.stored > 0 and a.stored + b.stored == len(ids)
+
+
+def test_ingest_rides_out_a_postgres_outage(db: str, redis_url: str, rds: Any) -> None:
+    proxy = Proxy(postgres_upstream(db))
+    settings = settings_for(via(db, proxy.port), redis_url)
+    producer = Producer.from_url(redis_url, shards=4)
+    try:
+        with running(settings) as ingest:
+            before = [producer.post_message("alpha", "general", "user", f"a{i}") for i in range(50)]
+            eventually(lambda: count_events(db) == 50, what="first 50 stored")
+            proxy.down()
+            during = [producer.post_message("alpha", "general", "user", f"b{i}") for i in range(50)]
+            eventually(lambda: "postgres" in ingest.health.down, what="outage noticed")
+            assert count_events(db) == 50
+            proxy.up()
+            eventually(lambda: count_events(db) == 100, what="backlog stored after outage")
+            eventually(lambda: not ingest.health.down, what="recovery noticed")
+    finally:
+        proxy.close()
+    assert stored_ids(db, "alpha", "general") == before + during
+    for shard in range(4):
+        assert rds.xpending(keys.stream(shard), keys.INGEST_GROUP)["pending"] == 0
+
+
+def test_ingest_rides_out_a_redis_outage(db: str, redis_url: str) -> None:
+    proxy = Proxy(redis_upstream(redis_url))
+    settings = settings_for(db, via(redis_url, proxy.port))
+    producer = Producer.from_url(redis_url, shards=4)  # adapters still reach Redis
+    try:
+        with running(settings) as ingest:
+            before = [producer.post_message("alpha", "general", "user", f"a{i}") for i in range(20)]
+            eventually(lambda: count_events(db) == 20, what="first 20 stored")
+            proxy.down()
+            eventually(lambda: "redis" in ingest.health.down, what="outage noticed")
+            during = [producer.post_message("alpha", "general", "user", f"b{i}") for i in range(20)]
+            proxy.up()
+            eventually(lambda: count_events(db) == 40, what="backlog stored after outage")
+    finally:
+        proxy.close()
+    assert stored_ids(db, "alpha", "general") == before + during
+
+
+def test_status_reports_lag_dead_letters_and_stored(db: str, redis_url: str, rds: Any) -> None:
+    from worker.clock import SystemClock
+    from worker.status import gather
+
+    producer = Producer.from_url(redis_url, shards=4)
+    settings = settings_for(db, redis_url)
+    with running(settings):
+        producer.post_message("alpha", "general", "user", "hi")
+        rds.xadd(keys.stream(0), {"junk": "1"})
+        eventually(
+            lambda: count_events(db) == 1 and rds.xlen(keys.DEAD_LETTERS) == 1,
+            what="ingest to catch up",
+        )
+    Streams(rds, "idle").ensure_group(1)
+    rds.xadd(keys.stream(1), {"e": "{}"})  # waiting, nobody owns shard 1 now
+    with psycopg.connect(db) as conn:
+        status = gather(rds, conn, 4, SystemClock().now())
+    assert status.events_stored == 1
+    assert status.dead_letters == 1 and status.dead_letters_by_reason == {"malformed": 1}
+    assert status.shards[1].lag in (1, None)  # Redis < 7 does not report lag
+    assert not status.healthy
+    assert status.problems == ["shard 1 has work waiting and no ingest owner"]
