@@ -38,6 +38,11 @@ def epoch(shard: int) -> str:
     return f"contextlog:epoch:{{{shard}}}"
 
 
+def inflight(shard: int) -> str:
+    """The entry being stored alone after a crash; if ingest dies, it is the suspect."""
+    return f"contextlog:inflight:{{{shard}}}"
+
+
 def outbox(source: str) -> str:
     """The notification stream of one adapter."""
     return f"contextlog:out:{{{source}}}"

@@ -70,12 +70,15 @@ class Ingest:
         self.pause = pause or self.stop.wait
         self.health = Health()
         self.owned: dict[int, int] = {}  # shard -> lease epoch
-        self.recovering: set[int] = set()
+        # Shards to recover before reading new entries; True when we just took the lease
+        # (what is pending was in flight when its reader died: a new delivery).
+        self.recovering: dict[int, bool] = {}
         self._eventlog: EventLog | None = None
         self._next_lease_check = 0.0
         self._next_trim = 0.0
         self._backoff = 0.0
         self.stored = 0
+        self.retries = 0  # passes that failed on an outage, for tests and metrics
 
     # -- lifecycle ----------------------------------------------------------------------
     def run(self) -> int:
@@ -113,8 +116,10 @@ class Ingest:
 
     def _outage(self, name: str, error: BaseException) -> None:
         self.health.failed(name, error)
+        self.retries += 1
         # What was read and not committed is still pending with us: re-read it first.
-        self.recovering = set(self.owned)
+        for shard in self.owned:
+            self.recovering.setdefault(shard, False)
         self._backoff = min(self.settings.backoff_max, max(0.05, self._backoff * 2))
         self.pause(self._backoff)
 
@@ -126,9 +131,10 @@ class Ingest:
             self.rebalance()
             self._next_lease_check = now + self.settings.lease_seconds / 3
             # Sweep for entries a former owner read after we took its shard over.
-            self.recovering |= set(self.owned)
-        for shard in sorted(self.recovering):
-            self.recover(shard)
+            for shard in self.owned:
+                self.recovering.setdefault(shard, False)
+        for shard, taken in sorted(self.recovering.items()):
+            self.recover(shard, taken)
         if not self.owned:
             self.pause(min(1.0, self.settings.lease_seconds / 3))
             return
@@ -184,51 +190,81 @@ class Ingest:
             if epoch is not None:
                 self.streams.ensure_group(shard)
                 self.owned[shard] = epoch
-                self.recovering.add(shard)
+                self.recovering[shard] = True
                 log.info("lease taken", shard=shard, epoch=epoch)
 
     def _drop(self, shard: int) -> None:
         self.owned.pop(shard, None)
-        self.recovering.discard(shard)
+        self.recovering.pop(shard, None)
 
     # -- batches --------------------------------------------------------------------------
-    def recover(self, shard: int) -> None:
-        """Before new entries: our own pending ones, then those of dead consumers."""
-        size = self.settings.batch_size
-        entries = dict(self.streams.read_own_pending(shard, count=1_000_000))
-        stale_ms = 0  # we hold the lease: every other consumer's pending entry is orphaned
-        entries.update(self.streams.claim_stale(shard, stale_ms, count=size))
+    def recover(self, shard: int, taken: bool) -> None:
+        """Before new entries: our own pending ones, then those of former owners, in order.
+
+        Re-reading our own entries counts as a delivery only when we just took the
+        lease (a restart: they may be what killed us), not after an outage.
+        """
+        own = (
+            self.streams.read_own_pending(shard)
+            if taken
+            else self.streams.reload_own_pending(shard)
+        )
+        suspect = self.streams.inflight(shard) if taken else None
+        entries = dict(own)
+        entries.update(self.streams.claim_from_others(shard))
         ordered = sorted(entries.items(), key=lambda kv: id_key(kv[0]))
         counts = self.streams.deliveries(shard, [k for k, _ in ordered])
+        size = self.settings.batch_size
         for i in range(0, len(ordered), size):
             if shard not in self.owned:
                 return
-            self.process(shard, ordered[i : i + size], counts)
-        self.recovering.discard(shard)
+            self.process(shard, ordered[i : i + size], counts, suspect)
+        self.recovering.pop(shard, None)
 
     def process(
-        self, shard: int, entries: Sequence[Entry], deliveries: dict[str, int] | None = None
+        self,
+        shard: int,
+        entries: Sequence[Entry],
+        deliveries: dict[str, int] | None = None,
+        suspect: str | None = None,
     ) -> None:
-        """Dead-letter what is bad, append the rest in one transaction, then XACK."""
-        accepted, rejected = self._sort_out(entries, deliveries or {})
+        """Dead-letter what is bad, append the rest in one transaction, then XACK.
+
+        Entries that were in flight when an ingest died (delivered more than once) are
+        stored one at a time under an in-flight marker, so that if one of them kills the
+        process again, the next owner knows which: only that entry, the `suspect`, is
+        dead-lettered as poison once delivered more than `max_deliveries` times. Valid
+        entries that merely shared its batch are never condemned with it.
+        """
+        deliveries = deliveries or {}
+        accepted, rejected = self._sort_out(entries, deliveries, suspect)
         if rejected:
             self.streams.dead_letter(shard, rejected)
             for r in rejected:
                 log.warning(
                     "entry dead-lettered", shard=shard, entry_id=r.entry_id, reason=r.reason
                 )
-        if accepted:
+        if not accepted:
+            return
+        if all(deliveries.get(a.entry_id, 1) == 1 for a in accepted):
             self._store(shard, accepted)
+            return
+        for a in accepted:
+            if shard not in self.owned:
+                return
+            self.streams.mark_inflight(shard, a.entry_id)
+            self._store(shard, [a])
+        self.streams.mark_inflight(shard, None)
 
     def _sort_out(
-        self, entries: Sequence[Entry], deliveries: dict[str, int]
+        self, entries: Sequence[Entry], deliveries: dict[str, int], suspect: str | None
     ) -> tuple[list[Accepted], list[Rejected]]:
         accepted: list[Accepted] = []
         rejected: list[Rejected] = []
         cap = self.settings.max_entry_bytes
         for entry_id, fields in entries:
             times = deliveries.get(entry_id, 1)
-            if times > self.settings.max_deliveries:
+            if entry_id == suspect and times > self.settings.max_deliveries:
                 rejected.append(Rejected(entry_id, fields, POISON, f"delivered {times} times"))
                 continue
             try:

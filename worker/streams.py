@@ -11,6 +11,7 @@ import redis
 from schema import keys
 
 Fields = dict[bytes, bytes]
+PAGE: Final = 1000
 Entry = tuple[str, Fields]
 
 # Take or re-take a lease. A holder re-taking its own lease (a restarted process with a
@@ -126,25 +127,65 @@ class Streams:
         by_name = {keys.stream(s): s for s in shards}
         return {by_name[name.decode()]: _decode_entries(items) for name, items in reply or []}
 
-    def read_own_pending(self, shard: int, count: int, after: str = "0") -> list[Entry]:
-        """Entries delivered to us before and not acknowledged (re-delivers them)."""
-        reply = self.redis.xreadgroup(
-            keys.INGEST_GROUP, self.consumer, {keys.stream(shard): after}, count=count
-        )
-        return _decode_entries(reply[0][1]) if reply else []
-
-    def claim_stale(self, shard: int, min_idle_ms: int, count: int) -> list[Entry]:
-        """Take over every entry pending with other consumers for at least `min_idle_ms`."""
-        claimed: list[Entry] = []
-        cursor = "0-0"
+    def read_own_pending(self, shard: int) -> list[Entry]:
+        """Our unacknowledged entries, re-delivered: counts as a delivery (after a restart)."""
+        entries: list[Entry] = []
+        after = "0"
         while True:
-            reply = self.redis.xautoclaim(
-                keys.stream(shard), keys.INGEST_GROUP, self.consumer, min_idle_ms, cursor, count
+            reply = self.redis.xreadgroup(
+                keys.INGEST_GROUP, self.consumer, {keys.stream(shard): after}, count=PAGE
             )
-            cursor = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
-            claimed.extend(_decode_entries(reply[1]))
-            if cursor == "0-0":
-                return claimed
+            page = _decode_entries(reply[0][1]) if reply else []
+            entries += page
+            if len(page) < PAGE:
+                return entries
+            after = page[-1][0]
+
+    def reload_own_pending(self, shard: int) -> list[Entry]:
+        """Our unacknowledged entries, re-read without counting a delivery (after an outage)."""
+        ids = [_s(r["message_id"]) for r in self._pending(shard, self.consumer)]
+        pipe = self.redis.pipeline(transaction=False)
+        for entry_id in ids:
+            pipe.xrange(keys.stream(shard), entry_id, entry_id, count=1)
+        return [e for reply in pipe.execute() for e in _decode_entries(reply)]
+
+    def claim_from_others(self, shard: int) -> list[Entry]:
+        """Take over every entry pending with other consumers; forget consumers left empty.
+
+        Called only by the shard's lease holder, so those consumers are former owners.
+        Each claim counts as a delivery, which is what catches an entry that kills ingest.
+        """
+        stream = keys.stream(shard)
+        claimed: list[Entry] = []
+        for consumer in self.redis.xinfo_consumers(stream, keys.INGEST_GROUP):
+            name = _s(consumer["name"])
+            if name == self.consumer:
+                continue
+            ids = [_s(r["message_id"]) for r in self._pending(shard, name)]
+            for i in range(0, len(ids), PAGE):
+                reply = self.redis.xclaim(
+                    stream, keys.INGEST_GROUP, self.consumer, 0, ids[i : i + PAGE]
+                )
+                claimed += _decode_entries(reply)
+            self.redis.xgroup_delconsumer(stream, keys.INGEST_GROUP, name)
+        return claimed
+
+    def _pending(self, shard: int, consumer: str) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        start = "-"
+        while True:
+            page = self.redis.xpending_range(
+                keys.stream(shard),
+                keys.INGEST_GROUP,
+                min=start,
+                max="+",
+                count=PAGE,
+                consumername=consumer,
+            )
+            rows += page
+            if len(page) < PAGE:
+                return rows
+            start = "(" + _s(page[-1]["message_id"])
 
     def deliveries(self, shard: int, entry_ids: Sequence[str]) -> dict[str, int]:
         """How many times each of our pending entries was delivered."""
@@ -159,6 +200,19 @@ class Streams:
             consumername=self.consumer,
         )
         return {_s(r["message_id"]): int(r["times_delivered"]) for r in rows}
+
+    # -- crash suspects -----------------------------------------------------------------
+    def mark_inflight(self, shard: int, entry_id: str | None) -> None:
+        """Record (or, with None, clear) the one entry being stored right now."""
+        if entry_id is None:
+            self.redis.delete(keys.inflight(shard))
+        else:
+            self.redis.set(keys.inflight(shard), entry_id)
+
+    def inflight(self, shard: int) -> str | None:
+        """The entry a previous owner was storing alone when it died, if any."""
+        value = self.redis.get(keys.inflight(shard))
+        return None if value is None else _s(value)
 
     # -- acknowledging ----------------------------------------------------------------
     def ack(self, shard: int, entry_ids: Sequence[str]) -> None:

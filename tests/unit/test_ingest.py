@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import fakeredis
@@ -181,7 +181,7 @@ def test_a_crash_between_commit_and_ack_stores_nothing_twice(h: Harness) -> None
     assert h.pending() == 0
 
 
-def test_poison_entry_is_dead_lettered_after_too_many_deliveries(h: Harness) -> None:
+def test_entry_caught_killing_ingest_too_often_is_dead_lettered_as_poison(h: Harness) -> None:
     eid = h.producer.post_message("alpha", "general", "user", "poison?")
     stream = keys.stream(keys.shard_of("alpha", "general", SHARDS))
     streams = Streams(h.redis, "crashy")
@@ -189,6 +189,8 @@ def test_poison_entry_is_dead_lettered_after_too_many_deliveries(h: Harness) -> 
     streams.read_new([keys.shard_of("alpha", "general", SHARDS)], 10, 1)
     for _ in range(3):  # three more deliveries to consumers that then died
         h.redis.xautoclaim(stream, keys.INGEST_GROUP, "crashy", 0, "0-0")
+    [(entry_id, _)] = h.redis.xrange(stream)
+    streams.mark_inflight(keys.shard_of("alpha", "general", SHARDS), entry_id.decode())
     h.drain(h.ingest())
     assert h.log.rows == []
     [dead] = h.dead()
@@ -282,3 +284,68 @@ def test_accepted_keeps_the_original_bytes(h: Harness) -> None:
     [(_, accepted)] = h.log.rows
     assert isinstance(accepted, Accepted)
     assert codec.decode(accepted.payload) == accepted.event
+
+
+def test_a_long_outage_never_turns_valid_entries_into_poison(h: Harness) -> None:
+    ids = [h.producer.post_message("alpha", "general", "user", f"m{i}") for i in range(5)]
+    ing = h.ingest()
+    real_append = h.log.append
+
+    def down(shard: int, epoch: int, batch: Sequence[Accepted]) -> int:
+        raise Unavailable("Postgres: gone")
+
+    h.log.append = down  # type: ignore[method-assign]
+    h.drain(ing, steps=40)  # forty failed passes, each re-reading the batch in hand
+    assert ing.retries == 40 and h.dead() == []
+    h.log.append = real_append  # type: ignore[method-assign]
+    h.drain(ing, steps=2)
+    assert [eid for _, eid in h.stored()] == ids
+    assert h.dead() == [] and h.pending() == 0
+
+
+class Crash(BaseException):
+    """An entry that kills the ingest process (as a segfault or OOM would)."""
+
+
+def test_an_entry_that_keeps_killing_ingest_becomes_poison(h: Harness) -> None:
+    good = h.producer.post_message("alpha", "general", "user", "good")
+    killer = h.producer.post_message("alpha", "general", "user", "killer")
+    real_append = h.log.append
+
+    def append(shard: int, epoch: int, batch: Sequence[Accepted]) -> int:
+        if any(str(a.event.event_id) == killer for a in batch):
+            raise Crash
+        return real_append(shard, epoch, batch)
+
+    h.log.append = append  # type: ignore[method-assign]
+    restarts = 0
+    while not h.dead():
+        ing = h.ingest("ingest-1")  # restarted under the same stable name
+        try:
+            h.drain(ing, steps=2)
+        except Crash:
+            restarts += 1
+        assert restarts <= 5
+    # The crash in the first batch makes both entries suspects; the next owner stores
+    # them one at a time, so "good" lands and "killer" is caught in the act. With
+    # max_deliveries 3 it is condemned on its fourth delivery, alone.
+    assert restarts == 3
+    [dead] = h.dead()
+    assert dead[b"reason"] == b"poison" and killer.encode() in dead[b"orig:e"]
+    h.drain(ing, steps=2)
+    assert [eid for _, eid in h.stored()] == [good]
+
+
+def test_many_deliveries_alone_do_not_condemn_an_entry(h: Harness) -> None:
+    # Delivered often (crashes elsewhere, takeovers) but never caught in the act.
+    eid = h.producer.post_message("alpha", "general", "user", "innocent")
+    shard = keys.shard_of("alpha", "general", SHARDS)
+    stream = keys.stream(shard)
+    streams = Streams(h.redis, "crashy")
+    streams.ensure_group(shard)
+    streams.read_new([shard], 10, 1)
+    for _ in range(6):
+        h.redis.xautoclaim(stream, keys.INGEST_GROUP, "crashy", 0, "0-0")
+    h.drain(h.ingest())
+    assert h.dead() == [] and [e for _, e in h.stored()] == [eid]
+    assert h.redis.get(keys.inflight(shard)) is None  # the marker is cleared after use
