@@ -8,16 +8,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
+import msgspec
 import psycopg
 from psycopg.rows import TupleRow
 
+from producers.context import estimate_tokens
 from schema import events as ev
 from schema.errors import Conflict, Fenced, MigrationError, StorageRefused, Unavailable
 from schema.queries import migrations, query
+from worker import projection
 
 # pg_advisory_xact_lock key of `contextlog migrate`: two processes migrating at once
 # queue on it instead of racing on CREATE TABLE.
 MIGRATION_LOCK: Final = 0x636F6E74  # "cont"
+# Held exclusively by `contextlog rebuild`, shared by every ingest transaction.
+REBUILD_LOCK: Final = 0x72656275  # "rebu"
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,7 @@ class PostgresEventLog:
                 "epoch": epoch,
                 "last_entry_id": batch[-1].entry_id,
                 "events": 0,
+                "rebuild_lock": REBUILD_LOCK,
             }
             if cur.execute(query("advance_checkpoint"), checkpoint).fetchone() is None:
                 raise Fenced(f"shard {shard}: epoch {epoch} is older than the last writer's")
@@ -140,18 +146,9 @@ class PostgresEventLog:
         return fresh
 
     def _insert(self, cur: psycopg.Cursor[TupleRow], fresh: list[Accepted]) -> None:
-        """Reserve per-conversation sequence numbers, then COPY the rows."""
-        counts = Counter((a.event.agent, a.event.channel) for a in fresh)
-        convs = sorted(counts)  # a fixed lock order: two writers cannot deadlock
-        rows = cur.execute(
-            query("advance_conversations"),
-            {
-                "agents": [c[0] for c in convs],
-                "channels": [c[1] for c in convs],
-                "counts": [counts[c] for c in convs],
-            },
-        ).fetchall()
-        next_seq = {(r[0], r[1]): r[2] - counts[(r[0], r[1])] + 1 for r in rows}
+        """Fold the projections (reserving sequence numbers), then COPY the rows."""
+        convs, threads = projection.fold(row_of(a.event) for a in fresh)
+        next_seq = {k: base + 1 for k, base in projection.apply(cur, convs, threads).items()}
         with cur.copy(query("copy_events")) as copy:
             for a in fresh:
                 e = a.event
@@ -163,13 +160,38 @@ class PostgresEventLog:
                         e.event_id,
                         e.agent,
                         e.channel,
-                        e.thread,
+                        e.thread or "",
                         seq,
                         ev.kind_of(e),
                         e.occurred_at,
+                        tokens_of(e),
                         a.payload.decode(),
                     )
                 )
+
+
+def row_of(event: ev.AnyEvent) -> projection.Row:
+    """What the projections need of an event."""
+    settings = None
+    if isinstance(event, ev.Configured):
+        settings = {k: v for k in projection.SETTINGS if (v := getattr(event, k)) is not None}
+    return projection.Row(
+        event.agent,
+        event.channel,
+        event.thread or "",
+        ev.kind_of(event),
+        event.occurred_at,
+        settings,
+    )
+
+
+def tokens_of(event: ev.AnyEvent) -> int:
+    """The token estimate stored with a message (0 for commands)."""
+    if not isinstance(event, ev.MessagePosted):
+        return 0
+    if isinstance(event.content, str):
+        return estimate_tokens(event.content)
+    return estimate_tokens(msgspec.to_builtins(event.content))
 
 
 class MemoryEventLog:

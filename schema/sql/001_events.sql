@@ -6,7 +6,7 @@ CREATE TABLE events (
     event_id     uuid        NOT NULL,
     agent        text        NOT NULL,
     channel      text        NOT NULL,
-    thread       text,
+    thread       text        NOT NULL DEFAULT '',  -- '' is the main line
     seq          bigint      NOT NULL,
     kind         text        NOT NULL,
     occurred_at  timestamptz NOT NULL,

@@ -6,8 +6,11 @@ SELECT event_id FROM events WHERE event_id = ANY(%(ids)s::uuid[]);
 -- name: advance_checkpoint
 -- Fencing: a writer whose lease epoch is older than the last committed one is refused
 -- (no row returned), so a stalled former owner can never commit after its successor.
+-- It also takes the rebuild lock shared: `contextlog rebuild` holds it exclusively
+-- while it replays the log, so no batch lands half-way through a rebuild.
 INSERT INTO shard_checkpoints AS s (shard, epoch, last_entry_id, events, updated_at)
-VALUES (%(shard)s, %(epoch)s, %(last_entry_id)s, %(events)s, now())
+SELECT %(shard)s, %(epoch)s, %(last_entry_id)s, %(events)s, now()
+FROM (SELECT pg_advisory_xact_lock_shared(%(rebuild_lock)s)) AS rebuild_lock
 ON CONFLICT (shard) DO UPDATE
     SET epoch = EXCLUDED.epoch,
         last_entry_id = EXCLUDED.last_entry_id,
@@ -17,15 +20,39 @@ ON CONFLICT (shard) DO UPDATE
 RETURNING shard;
 
 -- name: advance_conversations
--- Reserves `count` sequence numbers per conversation and returns the new last one.
--- The upsert's row lock is what serialises two writers of one conversation.
-INSERT INTO conversations AS c (agent, channel, last_seq)
-SELECT * FROM unnest(%(agents)s::text[], %(channels)s::text[], %(counts)s::bigint[])
-ON CONFLICT (agent, channel) DO UPDATE SET last_seq = c.last_seq + EXCLUDED.last_seq
+-- Reserves `counts` sequence numbers per conversation and folds in the batch's
+-- projection changes; returns the new last seq. `cleared` is the clear's offset within
+-- the batch (0: none), so the clear's seq is the old last_seq plus it. The upsert's row
+-- lock is what serialises two writers of one conversation.
+INSERT INTO conversations AS c (agent, channel, last_seq, cleared_seq, cleared_at,
+                                rolling_window, idle_timeout, token_budget, last_activity_at)
+SELECT * FROM unnest(%(agents)s::text[], %(channels)s::text[], %(counts)s::bigint[],
+                     %(cleared)s::bigint[], %(cleared_at)s::timestamptz[],
+                     %(rolling_window)s::integer[], %(idle_timeout)s::integer[],
+                     %(token_budget)s::integer[], %(activity)s::timestamptz[])
+ON CONFLICT (agent, channel) DO UPDATE SET
+    last_seq = c.last_seq + EXCLUDED.last_seq,
+    cleared_seq = CASE WHEN EXCLUDED.cleared_seq > 0 THEN c.last_seq + EXCLUDED.cleared_seq
+                       ELSE c.cleared_seq END,
+    cleared_at = CASE WHEN EXCLUDED.cleared_seq > 0 THEN EXCLUDED.cleared_at
+                      ELSE c.cleared_at END,
+    rolling_window = coalesce(EXCLUDED.rolling_window, c.rolling_window),
+    idle_timeout = coalesce(EXCLUDED.idle_timeout, c.idle_timeout),
+    token_budget = coalesce(EXCLUDED.token_budget, c.token_budget),
+    last_activity_at = greatest(c.last_activity_at, EXCLUDED.last_activity_at)
 RETURNING agent, channel, last_seq;
 
+-- name: advance_threads
+INSERT INTO threads AS t (agent, channel, thread, message_count, last_activity_at)
+SELECT * FROM unnest(%(agents)s::text[], %(channels)s::text[], %(threads)s::text[],
+                     %(counts)s::bigint[], %(activity)s::timestamptz[])
+ON CONFLICT (agent, channel, thread) DO UPDATE SET
+    message_count = t.message_count + EXCLUDED.message_count,
+    last_activity_at = greatest(t.last_activity_at, EXCLUDED.last_activity_at);
+
 -- name: copy_events
-COPY events (event_id, agent, channel, thread, seq, kind, occurred_at, payload) FROM STDIN;
+COPY events (event_id, agent, channel, thread, seq, kind, occurred_at, tokens, payload)
+FROM STDIN;
 
 -- name: checkpoints
 SELECT shard, epoch, last_entry_id, events, updated_at FROM shard_checkpoints ORDER BY shard;
@@ -41,3 +68,28 @@ ORDER BY seq LIMIT %(limit)s;
 -- name: recent_events
 SELECT position, event_id, agent, channel, thread, seq, kind, occurred_at, payload
 FROM events ORDER BY position DESC LIMIT %(limit)s;
+
+-- name: conversation_state
+SELECT cleared_seq, cleared_at, rolling_window, idle_timeout, token_budget, last_activity_at
+FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s;
+
+-- name: window_messages
+SELECT seq, occurred_at, tokens, payload->>'role', payload->'content'
+FROM events
+WHERE agent = %(agent)s AND channel = %(channel)s AND thread = %(thread)s
+  AND kind = 'message.v1' AND occurred_at >= %(cutoff)s AND seq > %(after_seq)s
+ORDER BY seq;
+
+-- name: active_threads
+SELECT thread, message_count, last_activity_at FROM threads
+WHERE agent = %(agent)s AND channel = %(channel)s AND thread <> %(thread)s
+  AND last_activity_at >= %(cutoff)s
+ORDER BY last_activity_at DESC LIMIT 20;
+
+-- name: event_visible
+SELECT 1 FROM events WHERE event_id = %(event_id)s;
+
+-- name: replay_events
+SELECT agent, channel, thread, kind, occurred_at,
+       CASE WHEN kind = 'configure.v1' THEN payload END
+FROM events ORDER BY position;

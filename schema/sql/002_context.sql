@@ -1,0 +1,25 @@
+-- Rolling-window read model: token estimates on messages, the window index, and the
+-- per-conversation projection (last clear, settings, activity) plus per-thread activity.
+
+ALTER TABLE events ADD COLUMN tokens integer NOT NULL DEFAULT 0;
+
+-- The window read: one conversation's thread, messages since a cut-off time.
+CREATE INDEX events_window_idx ON events (agent, channel, thread, occurred_at)
+    WHERE kind = 'message.v1';
+
+ALTER TABLE conversations
+    ADD COLUMN cleared_seq      bigint NOT NULL DEFAULT 0,
+    ADD COLUMN cleared_at       timestamptz,
+    ADD COLUMN rolling_window   integer,
+    ADD COLUMN idle_timeout     integer,
+    ADD COLUMN token_budget     integer,
+    ADD COLUMN last_activity_at timestamptz;
+
+CREATE TABLE threads (
+    agent            text        NOT NULL,
+    channel          text        NOT NULL,
+    thread           text        NOT NULL,
+    message_count    bigint      NOT NULL DEFAULT 0,
+    last_activity_at timestamptz NOT NULL,
+    PRIMARY KEY (agent, channel, thread)
+);

@@ -1,0 +1,128 @@
+"""Per-conversation projections, folded from events: one fold for live ingest and rebuild.
+
+A batch of events (in log order) folds into one change per conversation and one per
+thread; `apply` writes them with two statements. Live ingest folds each batch inside
+its append transaction; `contextlog rebuild` folds the whole log, chunk by chunk, with
+the same code, which is why the two give identical results.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg.rows import TupleRow
+
+from schema.queries import query
+
+MESSAGE = "message.v1"
+CLEAR = "clear.v1"
+CONFIGURE = "configure.v1"
+SETTINGS = ("rolling_window", "idle_timeout", "token_budget")
+
+
+@dataclass(frozen=True)
+class Row:
+    """What the projections need of one event."""
+
+    agent: str
+    channel: str
+    thread: str
+    kind: str
+    occurred_at: dt.datetime
+    settings: dict[str, int] | None = None  # the fields a configure event sets
+
+
+@dataclass
+class ConversationChange:
+    """A batch's effect on one conversation; offsets count its events in the batch, from 1."""
+
+    count: int = 0
+    cleared_offset: int = 0
+    cleared_at: dt.datetime | None = None
+    settings: dict[str, int] = field(default_factory=dict)
+    last_activity_at: dt.datetime | None = None
+
+
+@dataclass
+class ThreadChange:
+    """A batch's effect on one thread of a conversation."""
+
+    messages: int = 0
+    last_activity_at: dt.datetime | None = None
+
+
+Conv = tuple[str, str]
+ThreadKey = tuple[str, str, str]
+
+
+def _later(a: dt.datetime | None, b: dt.datetime) -> dt.datetime:
+    return b if a is None or b > a else a
+
+
+def fold(
+    rows: Iterable[Row],
+) -> tuple[dict[Conv, ConversationChange], dict[ThreadKey, ThreadChange]]:
+    """Fold events in log order into conversation and thread changes."""
+    convs: dict[Conv, ConversationChange] = {}
+    threads: dict[ThreadKey, ThreadChange] = {}
+    for r in rows:
+        c = convs.setdefault((r.agent, r.channel), ConversationChange())
+        c.count += 1
+        if r.kind == MESSAGE:
+            c.last_activity_at = _later(c.last_activity_at, r.occurred_at)
+            t = threads.setdefault((r.agent, r.channel, r.thread), ThreadChange())
+            t.messages += 1
+            t.last_activity_at = _later(t.last_activity_at, r.occurred_at)
+        elif r.kind == CLEAR:
+            c.cleared_offset, c.cleared_at = c.count, r.occurred_at
+        elif r.kind == CONFIGURE and r.settings:
+            c.settings.update(r.settings)
+    return convs, threads
+
+
+def settings_of(payload: dict[str, Any]) -> dict[str, int]:
+    """The settings a configure event's payload sets (absent fields keep their value)."""
+    return {k: int(payload[k]) for k in SETTINGS if payload.get(k) is not None}
+
+
+def apply(
+    cur: psycopg.Cursor[TupleRow],
+    convs: dict[Conv, ConversationChange],
+    threads: dict[ThreadKey, ThreadChange],
+) -> dict[Conv, int]:
+    """Write the changes; returns each conversation's last seq before this batch.
+
+    Conversations are written in sorted order, a fixed lock order, so two writers
+    cannot deadlock.
+    """
+    keys = sorted(convs)
+    ch = [convs[k] for k in keys]
+    rows = cur.execute(
+        query("advance_conversations"),
+        {
+            "agents": [k[0] for k in keys],
+            "channels": [k[1] for k in keys],
+            "counts": [c.count for c in ch],
+            "cleared": [c.cleared_offset for c in ch],
+            "cleared_at": [c.cleared_at for c in ch],
+            **{name: [c.settings.get(name) for c in ch] for name in SETTINGS},
+            "activity": [c.last_activity_at for c in ch],
+        },
+    ).fetchall()
+    if threads:
+        tkeys = sorted(threads)
+        cur.execute(
+            query("advance_threads"),
+            {
+                "agents": [k[0] for k in tkeys],
+                "channels": [k[1] for k in tkeys],
+                "threads": [k[2] for k in tkeys],
+                "counts": [threads[k].messages for k in tkeys],
+                "activity": [threads[k].last_activity_at for k in tkeys],
+            },
+        )
+    return {(r[0], r[1]): int(r[2]) - convs[(r[0], r[1])].count for r in rows}
