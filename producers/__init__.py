@@ -1,16 +1,29 @@
-"""What adapters import: push events (and, later, read context, sessions, notifications)."""
+"""What adapters import: push events, read context (and, later, sessions, notifications)."""
 
 from producers.commands import Batch
+from producers.context import Context
 from producers.producer import AsyncProducer, Producer
-from schema.errors import ConfigError, ContextlogError, EventRejected, EventTooLarge, Unavailable
+from producers.reader import AsyncContextReader, ContextReader
+from schema.errors import (
+    ConfigError,
+    ContextlogError,
+    EventRejected,
+    EventTooLarge,
+    NotVisible,
+    Unavailable,
+)
 
 __all__ = [
+    "AsyncContextReader",
     "AsyncProducer",
     "Batch",
     "ConfigError",
+    "Context",
+    "ContextReader",
     "ContextlogError",
     "EventRejected",
     "EventTooLarge",
+    "NotVisible",
     "Producer",
     "Unavailable",
 ]

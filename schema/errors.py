@@ -8,7 +8,8 @@ ContextlogError
 ├── Unavailable          Postgres or Redis cannot be reached
 ├── Fenced               this ingest lost its shard to a newer owner
 ├── Conflict             another writer stored some of the same events meanwhile
-└── StorageRefused       the database refused an event the contract accepted
+├── StorageRefused       the database refused an event the contract accepted
+└── NotVisible           a read waited for an event that was not stored in time
 """
 
 from __future__ import annotations
@@ -53,3 +54,7 @@ class Conflict(ContextlogError):
 
 class StorageRefused(ContextlogError):
     """Raised when the database refuses a batch for its data (not for an outage)."""
+
+
+class NotVisible(ContextlogError):
+    """Raised when a read's `wait_for` event was not stored within its timeout."""

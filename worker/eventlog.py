@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-import msgspec
 import psycopg
 from psycopg.rows import TupleRow
 
@@ -191,7 +190,17 @@ def tokens_of(event: ev.AnyEvent) -> int:
         return 0
     if isinstance(event.content, str):
         return estimate_tokens(event.content)
-    return estimate_tokens(msgspec.to_builtins(event.content))
+    chars = 0
+    for block in event.content:
+        if isinstance(block, ev.TextBlock):
+            chars += len(block.text)
+        elif isinstance(block, ev.ToolUseBlock):
+            chars += len(block.name) + len(bytes(block.input))
+        elif isinstance(block.content, str):
+            chars += len(block.content)
+        else:
+            chars += sum(len(b.text) for b in block.content)
+    return max(1, chars // 4)
 
 
 class MemoryEventLog:

@@ -1,0 +1,264 @@
+"""Read models for adapters: the rolling-window context of a conversation, from Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import psycopg
+import psycopg.types.json
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from producers.context import Context, StoredMessage, build_context
+from schema.defaults import ConversationDefaults
+from schema.errors import NotVisible, Unavailable
+from schema.queries import query
+
+POLL_SECONDS = 0.005
+
+
+@dataclass(frozen=True)
+class ConversationState:
+    """The projection row of a conversation (settings None: the deployment default)."""
+
+    cleared_seq: int = 0
+    cleared_at: dt.datetime | None = None
+    rolling_window: int | None = None
+    idle_timeout: int | None = None
+    token_budget: int | None = None
+    last_activity_at: dt.datetime | None = None
+
+
+@dataclass(frozen=True)
+class WindowQuery:
+    """Where the window of a thread starts."""
+
+    agent: str
+    channel: str
+    thread: str
+    cutoff: dt.datetime
+    after_seq: int
+    budget: int
+    start: dt.datetime
+
+    def params(self) -> dict[str, Any]:
+        """Parameters of the window queries."""
+        return {
+            "agent": self.agent,
+            "channel": self.channel,
+            "thread": self.thread,
+            "cutoff": self.cutoff,
+            "after_seq": self.after_seq,
+        }
+
+
+def plan(
+    agent: str,
+    channel: str,
+    thread: str | None,
+    state: ConversationState | None,
+    defaults: ConversationDefaults,
+    now: dt.datetime,
+) -> WindowQuery:
+    """The window: after max(last clear, now - rolling window), for one thread."""
+    state = state or ConversationState()
+    window = state.rolling_window or defaults.rolling_window
+    cutoff = now - dt.timedelta(seconds=window)
+    start = max(cutoff, state.cleared_at) if state.cleared_at else cutoff
+    return WindowQuery(
+        agent,
+        channel,
+        thread or "",
+        cutoff,
+        state.cleared_seq,
+        state.token_budget or defaults.token_budget,
+        start,
+    )
+
+
+def preamble(threads: Sequence[tuple[str, int, dt.datetime]]) -> str | None:
+    """The system text telling the model about the conversation's other active threads."""
+    if not threads:
+        return None
+    lines = ["Other active threads in this conversation:"]
+    for name, count, last in threads:
+        label = "main line" if name == "" else f"thread {name}"
+        lines.append(f"- {label}: {count} messages, last activity {last:%Y-%m-%d %H:%M UTC}")
+    return "\n".join(lines)
+
+
+def assemble(
+    q: WindowQuery, rows: Sequence[tuple[Any, ...]], threads: Sequence[tuple[str, int, dt.datetime]]
+) -> Context:
+    """The context from the fetched rows (seq, occurred_at, tokens, role, content)."""
+    messages = [StoredMessage(r[0], r[3], r[4], r[2], r[1]) for r in rows]
+    return build_context(messages, budget=q.budget, system=preamble(threads), window_start=q.start)
+
+
+def _state(row: tuple[Any, ...] | None) -> ConversationState | None:
+    return None if row is None else ConversationState(*row)
+
+
+def _configure(conn: Any) -> None:
+    # jsonb content decoded by msgspec: several times faster than the json module.
+    psycopg.types.json.set_json_loads(msgspec.json.decode, conn)
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class ContextReader:
+    """Synchronous reader: `r.context(agent, channel)` before every LLM turn."""
+
+    def __init__(
+        self,
+        pool: ConnectionPool[Any],
+        *,
+        defaults: ConversationDefaults | None = None,
+        clock: Callable[[], dt.datetime] = _now,
+    ) -> None:
+        self.pool = pool
+        # The reader's one look at the environment: deployment-wide setting defaults.
+        self.defaults = defaults or ConversationDefaults.from_env(os.environ)
+        self.clock = clock
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> ContextReader:
+        """A reader on the Postgres at `url`; connects on first use."""
+        pool = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=4,
+            open=False,
+            configure=_configure,
+            kwargs={"autocommit": True},
+        )
+        return cls(pool, **kwargs)
+
+    def _conn(self) -> Any:
+        if self.pool.closed:
+            try:
+                self.pool.open(wait=True, timeout=10)
+            except psycopg.Error as e:
+                raise Unavailable(f"Postgres: {e}") from e
+        return self.pool.connection()
+
+    def context(
+        self,
+        agent: str,
+        channel: str,
+        thread: str | None = None,
+        *,
+        wait_for: str | None = None,
+        timeout: float = 2.0,
+        now: dt.datetime | None = None,
+    ) -> Context:
+        """The context of one thread (or the main line), valid for the Messages API."""
+        with self._conn() as conn:
+            if wait_for is not None:
+                self._wait(conn, wait_for, timeout)
+            state = _state(
+                conn.execute(
+                    query("conversation_state"), {"agent": agent, "channel": channel}
+                ).fetchone()
+            )
+            q = plan(agent, channel, thread, state, self.defaults, now or self.clock())
+            rows = conn.execute(query("window_messages"), q.params()).fetchall()
+            threads = conn.execute(query("active_threads"), q.params()).fetchall()
+        return assemble(q, rows, threads)
+
+    def _wait(self, conn: Any, event_id: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while conn.execute(query("event_visible"), {"event_id": event_id}).fetchone() is None:
+            if time.monotonic() > deadline:
+                raise NotVisible(
+                    f"event {event_id} was not stored within {timeout}s: "
+                    "is `contextlog ingest` running?"
+                )
+            time.sleep(POLL_SECONDS)
+
+    def close(self) -> None:
+        """Close the pool."""
+        self.pool.close()
+
+
+class AsyncContextReader:
+    """asyncio reader: `await r.context(agent, channel)`."""
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        *,
+        defaults: ConversationDefaults | None = None,
+        clock: Callable[[], dt.datetime] = _now,
+    ) -> None:
+        self.pool = pool
+        self.defaults = defaults or ConversationDefaults.from_env(os.environ)
+        self.clock = clock
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> AsyncContextReader:
+        """A reader on the Postgres at `url`; connects on first use."""
+        pool = AsyncConnectionPool(
+            url,
+            min_size=1,
+            max_size=4,
+            open=False,
+            configure=_aconfigure,
+            kwargs={"autocommit": True},
+        )
+        return cls(pool, **kwargs)
+
+    async def context(
+        self,
+        agent: str,
+        channel: str,
+        thread: str | None = None,
+        *,
+        wait_for: str | None = None,
+        timeout: float = 2.0,
+        now: dt.datetime | None = None,
+    ) -> Context:
+        """The context of one thread (or the main line), valid for the Messages API."""
+        if self.pool.closed:
+            try:
+                await self.pool.open(wait=True, timeout=10)
+            except psycopg.Error as e:
+                raise Unavailable(f"Postgres: {e}") from e
+        async with self.pool.connection() as conn:
+            if wait_for is not None:
+                deadline = time.monotonic() + timeout
+                while (
+                    await (
+                        await conn.execute(query("event_visible"), {"event_id": wait_for})
+                    ).fetchone()
+                ) is None:
+                    if time.monotonic() > deadline:
+                        raise NotVisible(
+                            f"event {wait_for} was not stored within {timeout}s: "
+                            "is `contextlog ingest` running?"
+                        )
+                    await asyncio.sleep(POLL_SECONDS)
+            cur = await conn.execute(
+                query("conversation_state"), {"agent": agent, "channel": channel}
+            )
+            state = _state(await cur.fetchone())
+            q = plan(agent, channel, thread, state, self.defaults, now or self.clock())
+            rows = await (await conn.execute(query("window_messages"), q.params())).fetchall()
+            threads = await (await conn.execute(query("active_threads"), q.params())).fetchall()
+        return assemble(q, rows, threads)
+
+    async def aclose(self) -> None:
+        """Close the pool."""
+        await self.pool.close()
+
+
+async def _aconfigure(conn: Any) -> None:
+    _configure(conn)

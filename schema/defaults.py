@@ -1,0 +1,45 @@
+"""Deployment-wide defaults of the per-conversation settings (changed per conversation
+by the configure command), shared by the reader and the workers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from schema.errors import ConfigError
+
+ROLLING_WINDOW: Final = 86_400
+IDLE_TIMEOUT: Final = 1_800
+TOKEN_BUDGET: Final = 16_000
+
+
+@dataclass(frozen=True)
+class ConversationDefaults:
+    """Settings a conversation has until it configures its own."""
+
+    rolling_window: int = ROLLING_WINDOW
+    idle_timeout: int = IDLE_TIMEOUT
+    token_budget: int = TOKEN_BUDGET
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ConversationDefaults:
+        """Read `CONTEXTLOG_ROLLING_WINDOW`, `_IDLE_TIMEOUT` (seconds), `_TOKEN_BUDGET`."""
+        return cls(
+            rolling_window=_int(env, "CONTEXTLOG_ROLLING_WINDOW", ROLLING_WINDOW, 1),
+            idle_timeout=_int(env, "CONTEXTLOG_IDLE_TIMEOUT", IDLE_TIMEOUT, 0),
+            token_budget=_int(env, "CONTEXTLOG_TOKEN_BUDGET", TOKEN_BUDGET, 1),
+        )
+
+
+def _int(env: Mapping[str, str], name: str, default: int, lowest: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} is not a whole number: {raw!r}") from None
+    if value < lowest:
+        raise ConfigError(f"{name} must be at least {lowest}: {raw!r}")
+    return value

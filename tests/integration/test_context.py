@@ -1,0 +1,314 @@
+"""The context read model on real Postgres: window, clear, threads, budget, validity."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx2
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from producers import AsyncContextReader, ContextReader, NotVisible, Producer
+from producers.ids import uuid7
+from schema import codec
+from schema import events as ev
+from schema.defaults import ConversationDefaults
+from tests.support.anthropic_rules import check_messages
+from tests.support.running import running, settings_for
+from tests.support.services import truncate
+from worker.eventlog import Accepted, PostgresEventLog
+
+NOW = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
+HOUR = dt.timedelta(hours=1)
+
+
+class Log:
+    """Appends events straight into the Postgres log, as ingest would, with chosen times."""
+
+    def __init__(self, url: str) -> None:
+        self.log = PostgresEventLog(psycopg.connect(url))
+        self.n = 0
+
+    def add(
+        self,
+        cls: type[ev.Event],
+        at: dt.datetime,
+        channel: str = "general",
+        thread: str | None = None,
+        **fields: Any,
+    ) -> str:
+        self.n += 1
+        event = cls(
+            event_id=uuid7(),
+            agent="alpha",
+            channel=channel,
+            thread=thread,
+            occurred_at=at,
+            **fields,
+        )
+        payload = codec.encode(event)
+        self.log.append(0, 1, [Accepted(f"{self.n}-0", codec.decode(payload), payload)])
+        return str(event.event_id)
+
+    def say(self, role: str, content: Any, at: dt.datetime, **kw: Any) -> str:
+        return self.add(ev.MessagePosted, at, role=role, content=content, **kw)
+
+
+@pytest.fixture
+def log(db: str) -> Iterator[Log]:
+    lg = Log(db)
+    yield lg
+    lg.log.close()
+
+
+@pytest.fixture
+def reader(db: str) -> Iterator[ContextReader]:
+    r = ContextReader.from_url(db, defaults=ConversationDefaults())
+    yield r
+    r.close()
+
+
+def use(i: str) -> dict[str, Any]:
+    return {"type": "tool_use", "id": i, "name": "lookup", "input": {"q": i}}
+
+
+def result(i: str) -> dict[str, Any]:
+    return {"type": "tool_result", "tool_use_id": i, "content": "found"}
+
+
+def texts(ctx: Any) -> list[str]:
+    return [
+        b.get("text") or b.get("id") or b.get("tool_use_id")
+        for m in ctx.messages
+        for b in m["content"]
+    ]
+
+
+def test_window_crosses_a_clear_and_the_24h_edge_inside_tool_exchanges(
+    log: Log, reader: ContextReader
+) -> None:
+    t0 = NOW - 30 * HOUR
+    log.say("user", "ancient", t0)
+    log.say("assistant", [use("old")], NOW - 24 * HOUR - dt.timedelta(minutes=1))
+    log.say("user", [result("old")], NOW - 24 * HOUR + dt.timedelta(minutes=1))  # edge inside
+    log.say("assistant", "old answer", NOW - 23 * HOUR)
+    log.say("user", "before clear", NOW - 5 * HOUR)
+    log.say("assistant", [use("mid")], NOW - 4 * HOUR)
+    log.add(ev.ContextCleared, NOW - 3 * HOUR)  # a clear in the middle of a tool exchange
+    log.say("user", [result("mid")], NOW - 2 * HOUR)
+    log.say("assistant", "answer after clear", NOW - 2 * HOUR)
+    log.say("user", "fresh question", NOW - HOUR)
+    log.say("assistant", "fresh answer", NOW - HOUR)
+    ctx = reader.context("alpha", "general", now=NOW)
+    assert check_messages(ctx.messages) == []
+    assert texts(ctx) == ["fresh question", "fresh answer"]
+    assert ctx.window_start == NOW - 3 * HOUR
+    # Without the clear, the 24 h edge alone would have cut into the first exchange.
+    later = reader.context("alpha", "other", now=NOW)
+    assert later.messages == []
+
+
+def test_24h_edge_alone(log: Log, reader: ContextReader) -> None:
+    log.say("user", "too old", NOW - 25 * HOUR)
+    log.say(
+        "assistant",
+        [{"type": "text", "text": "calling"}, use("a")],
+        NOW - 24 * HOUR - 60 * dt.timedelta(seconds=1),
+    )
+    log.say("user", [result("a")], NOW - 23 * HOUR)
+    log.say("assistant", "result was found", NOW - 23 * HOUR)
+    log.say("user", "next", NOW - 22 * HOUR)
+    ctx = reader.context("alpha", "general", now=NOW)
+    assert check_messages(ctx.messages) == []
+    assert texts(ctx) == ["next"]
+    assert ctx.window_start == NOW - 24 * HOUR
+
+
+def test_threads_have_their_own_context_and_show_in_the_preamble(
+    log: Log, reader: ContextReader
+) -> None:
+    log.say("user", "main line", NOW - HOUR)
+    log.say("user", "in t1", NOW - HOUR, thread="t1")
+    log.say("assistant", "t1 reply", NOW - 30 * dt.timedelta(minutes=1), thread="t1")
+    log.say("user", "stale thread", NOW - 48 * HOUR, thread="old")
+    main = reader.context("alpha", "general", now=NOW)
+    assert texts(main) == ["main line"]
+    assert main.system is not None and "thread t1: 2 messages" in main.system
+    assert "old" not in main.system
+    t1 = reader.context("alpha", "general", "t1", now=NOW)
+    assert texts(t1) == ["in t1", "t1 reply"]
+    assert t1.system is not None and "main line: 1 messages" in t1.system
+
+
+def test_configure_changes_window_and_budget(log: Log, reader: ContextReader) -> None:
+    for i in range(6):
+        log.say("user", f"q{i} " + "x" * 400, NOW - (6 - i) * HOUR)
+        log.say("assistant", f"a{i} " + "y" * 400, NOW - (6 - i) * HOUR)
+    assert len(reader.context("alpha", "general", now=NOW).messages) == 12
+    log.add(ev.Configured, NOW, rolling_window=3 * 3600 + 60)
+    assert texts(reader.context("alpha", "general", now=NOW))[0].startswith("q3")
+    log.add(ev.Configured, NOW, token_budget=250)
+    ctx = reader.context("alpha", "general", now=NOW)
+    assert ctx.truncated and ctx.token_estimate <= 250
+    assert texts(ctx)[0].startswith("q5") and check_messages(ctx.messages) == []
+
+
+def test_wait_for_reads_your_writes(db: str, redis_url: str, reader: ContextReader) -> None:
+    producer = Producer.from_url(redis_url, shards=4)
+    with running(settings_for(db, redis_url)):
+        producer.post_message("alpha", "general", "user", "hello")
+        eid = producer.post_message("alpha", "general", "assistant", "hi there")
+        ctx = reader.context("alpha", "general", wait_for=eid, timeout=10)
+    assert texts(ctx) == ["hello", "hi there"]
+
+
+def test_wait_for_an_event_never_stored_raises_a_clear_error(reader: ContextReader) -> None:
+    with pytest.raises(NotVisible, match="is `contextlog ingest` running"):
+        reader.context("alpha", "general", wait_for=str(uuid7()), timeout=0.05)
+
+
+def test_async_reader(log: Log, db: str) -> None:
+    log.say("user", "hello async", NOW - HOUR)
+
+    async def go() -> list[dict[str, Any]]:
+        r = AsyncContextReader.from_url(db, defaults=ConversationDefaults())
+        ctx = await r.context("alpha", "general", now=NOW)
+        await r.aclose()
+        return ctx.messages
+
+    assert asyncio.run(go()) == [
+        {"role": "user", "content": [{"type": "text", "text": "hello async"}]}
+    ]
+
+
+def fake_api(request: httpx2.Request) -> httpx2.Response:
+    """Answers like the Messages API: 400 with the reason for an invalid request."""
+    body = json.loads(request.content)
+    errors = check_messages(body["messages"])
+    if errors:
+        return httpx2.Response(
+            400,
+            json={
+                "type": "error",
+                "error": {"type": "invalid_request_error", "message": "; ".join(errors)},
+            },
+        )
+    return httpx2.Response(
+        200,
+        json={
+            "id": "msg_01",
+            "type": "message",
+            "role": "assistant",
+            "model": body["model"],
+            "content": [{"type": "text", "text": "ok"}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 10, "output_tokens": 1},
+        },
+    )
+
+
+def client() -> anthropic.Anthropic:
+    return anthropic.Anthropic(
+        api_key="test-key",
+        max_retries=0,
+        http_client=httpx2.Client(transport=httpx2.MockTransport(fake_api)),
+    )
+
+
+def test_the_mock_api_refuses_what_the_real_one_refuses() -> None:
+    with pytest.raises(anthropic.BadRequestError, match="no tool_result"):
+        broken: list[Any] = [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [use("x")]},
+            {"role": "user", "content": "where is my result"},
+        ]
+        client().messages.create(model="m", max_tokens=10, messages=broken)
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> list[tuple[str, Any, int]]:
+    """(what, content, minutes before NOW): messages, tool calls, clears, configures."""
+    out: list[tuple[str, Any, int]] = []
+    minutes = draw(st.integers(0, 3000))
+    pending: list[str] = []
+    for i in range(draw(st.integers(1, 25))):
+        minutes = max(0, minutes - draw(st.integers(0, 400)))
+        kind = draw(
+            st.sampled_from(["user", "assistant", "tools", "results", "clear", "configure"])
+        )
+        if kind == "tools":
+            pending = [f"t{i}_{k}" for k in range(draw(st.integers(1, 3)))]
+            out.append(("assistant", [use(p) for p in pending], minutes))
+        elif kind == "results":
+            out.append(("user", [result(p) for p in pending] or "no calls", minutes))
+            pending = []
+        elif kind == "clear":
+            out.append(("clear", None, minutes))
+        elif kind == "configure":
+            out.append(
+                (
+                    "configure",
+                    {
+                        "rolling_window": draw(st.sampled_from([600, 7200, 86400])),
+                        "token_budget": draw(st.sampled_from([20, 200, 16000])),
+                    },
+                    minutes,
+                )
+            )
+        else:
+            out.append((kind, f"{kind} {i}", minutes))
+    return out
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(history=histories(), now_offset=st.integers(-600, 1500))
+def test_any_logged_history_reads_back_valid_for_the_real_client(
+    db: str, reader: ContextReader, history: list[tuple[str, Any, int]], now_offset: int
+) -> None:
+    truncate(db)
+    lg = Log(db)
+    for what, content, minutes in history:
+        at = NOW - dt.timedelta(minutes=minutes)
+        if what == "clear":
+            lg.add(ev.ContextCleared, at)
+        elif what == "configure":
+            lg.add(ev.Configured, at, **content)
+        else:
+            lg.say(what, content, at)
+    lg.log.close()
+    now = NOW + dt.timedelta(minutes=now_offset)
+    ctx = reader.context("alpha", "general", now=now)
+    assert check_messages(ctx.messages) == []
+    # Everything returned is inside the window: after the last clear, within the
+    # rolling window in force (the last configure's, or 24 h).
+    last_clear = max((i for i, h in enumerate(history) if h[0] == "clear"), default=-1)
+    window = 86400
+    for what, content, _ in history:
+        if what == "configure":
+            window = content["rolling_window"]
+    cutoff = now - dt.timedelta(seconds=window)
+    allowed: set[str] = set()
+    for i, (what, content, minutes) in enumerate(history):
+        if (
+            i > last_clear
+            and what in ("user", "assistant")
+            and (NOW - dt.timedelta(minutes=minutes) >= cutoff)
+        ):
+            parts = [content] if isinstance(content, str) else content
+            allowed |= {
+                p if isinstance(p, str) else p.get("id") or p.get("tool_use_id") for p in parts
+            }
+    assert set(texts(ctx)) <= allowed
+    if ctx.messages:
+        reply = client().messages.create(model="m", max_tokens=10, **ctx.to_anthropic())
+        assert reply.content[0].text == "ok"
