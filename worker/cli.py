@@ -14,15 +14,18 @@ import msgspec
 import psycopg
 import redis
 from rich.console import Console
+from rich.markup import escape
+from rich.progress import Progress
 from rich.table import Table
 
-from producers import Producer
+from producers import ContextReader, Producer
 from producers.commands import parse_duration
 from schema import keys
 from schema.errors import ContextlogError
 from worker import bootstrap, logs
 from worker.clock import SystemClock
 from worker.config import Settings
+from worker.rebuild import rebuild
 from worker.status import Status, gather
 
 EXIT_ERROR = 2
@@ -161,6 +164,59 @@ def _dead_letter(entry_id: bytes, fields: dict[bytes, bytes]) -> dict[str, Any]:
     }
 
 
+def cmd_context(settings: Settings, args: argparse.Namespace) -> int:
+    """Print the context an adapter would send for a conversation."""
+    reader = ContextReader.from_url(settings.database_url, defaults=settings.conversation)
+    try:
+        ctx = reader.context(args.agent, args.channel, args.thread)
+    finally:
+        reader.close()
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    **ctx.to_anthropic(),
+                    "token_estimate": ctx.token_estimate,
+                    "truncated": ctx.truncated,
+                    "window_start": ctx.window_start.isoformat() if ctx.window_start else None,
+                },
+                indent=2,
+                ensure_ascii=False,
+            )
+        )
+        return 0
+    console.print(
+        f"window since {ctx.window_start:%Y-%m-%d %H:%M:%S} UTC, "
+        f"~{ctx.token_estimate} tokens" + (" (truncated to budget)" if ctx.truncated else "")
+    )
+    if ctx.system:
+        console.print(f"[dim]system:[/dim] {escape(ctx.system)}")
+    for m in ctx.messages:
+        for block in m["content"]:
+            console.print(f"[bold]{m['role']:>9}[/bold] {escape(_block_text(block))}")
+    return 0
+
+
+def _block_text(block: dict[str, Any]) -> str:
+    if block["type"] == "text":
+        return str(block["text"])
+    if block["type"] == "tool_use":
+        return f"[tool_use {block['id']} {block['name']}({json.dumps(block['input'])})]"
+    content = block.get("content", "")
+    inner = content if isinstance(content, str) else " ".join(b["text"] for b in content)
+    return f"[tool_result {block['tool_use_id']}: {inner}]"
+
+
+def cmd_rebuild(settings: Settings, args: argparse.Namespace) -> int:
+    """Truncate the projections and replay the log, with a progress bar."""
+    bootstrap.run_migrations(settings)
+    with bootstrap.pg_connector(settings)() as conn, Progress(console=console) as bar:
+        task = bar.add_task("replaying events", total=None)
+        done = rebuild(conn, lambda n, total: bar.update(task, completed=n, total=total))
+    console.print(f"rebuilt conversations and threads from {done} events")
+    return 0
+
+
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     """Run the scripted demo."""
     from worker.demo import run
@@ -220,6 +276,12 @@ def parser() -> argparse.ArgumentParser:
     dl = sub.add_parser("dead-letters", help="list rejected entries with their reasons")
     dl.add_argument("--limit", type=int, default=20)
     dl.add_argument("--json", action="store_true")
+    ctx = sub.add_parser("context", help="show the context of a conversation")
+    ctx.add_argument("agent")
+    ctx.add_argument("channel")
+    ctx.add_argument("--thread")
+    ctx.add_argument("--json", action="store_true")
+    sub.add_parser("rebuild", help="rebuild the projections by replaying the log")
     sub.add_parser("demo", help="run a short scripted conversation end to end")
     return p
 
@@ -231,6 +293,8 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "send": cmd_send,
     "dead-letters": cmd_dead_letters,
     "demo": cmd_demo,
+    "context": cmd_context,
+    "rebuild": cmd_rebuild,
 }
 
 

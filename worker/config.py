@@ -10,6 +10,7 @@ from typing import Final, TypeVar
 from urllib.parse import urlsplit
 
 from schema import codec, keys
+from schema.defaults import ConversationDefaults
 from schema.errors import ConfigError
 
 DEFAULT_REDIS_URL: Final = "redis://127.0.0.1:6379/0"
@@ -43,6 +44,7 @@ class Settings:
     consumer: str = ""
     log_level: str = "info"
     log_format: str = "json"
+    conversation: ConversationDefaults = dataclasses.field(default_factory=ConversationDefaults)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -71,6 +73,7 @@ class Settings:
             consumer=r.get("CONTEXTLOG_CONSUMER", default_consumer(), _name),
             log_level=r.get("CONTEXTLOG_LOG_LEVEL", "info", _choice(LOG_LEVELS)),
             log_format=r.get("CONTEXTLOG_LOG_FORMAT", "json", _choice(LOG_FORMATS)),
+            conversation=ConversationDefaults.from_env(env),
         )
 
 
