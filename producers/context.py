@@ -13,14 +13,13 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 Block = dict[str, Any]
 
 
-@dataclass(frozen=True)
-class StoredMessage:
-    """One message of the window as the read model returns it."""
+class StoredMessage(NamedTuple):
+    """One message of the window as the read model returns it (a tuple: cheap to make)."""
 
     seq: int
     role: str
@@ -77,23 +76,31 @@ def estimate_tokens(content: str | Sequence[Block]) -> int:
     return max(1, total // 4)
 
 
+def _blank(text: object) -> bool:
+    return not isinstance(text, str) or not text or text.isspace()
+
+
 def _blocks(content: str | list[Block]) -> list[Block]:
+    """Content as blocks, without blank text (the API refuses it). Blocks are shared,
+    never mutated in place: a change replaces the block."""
     if isinstance(content, str):
-        return [{"type": "text", "text": content}]
-    return [dict(b) for b in content]
-
-
-def _usable(block: Block) -> bool:
-    return block.get("type") != "text" or bool(str(block.get("text", "")).strip())
+        return [] if _blank(content) else [{"type": "text", "text": content}]
+    return [b for b in content if b.get("type") != "text" or not _blank(b.get("text"))]
 
 
 def merge_turns(messages: Iterable[StoredMessage]) -> list[Turn]:
     """Consecutive same-role messages become one turn; blank text blocks are dropped."""
     turns: list[Turn] = []
     for m in messages:
-        blocks = [b for b in _blocks(m.content) if _usable(b)]
-        if not blocks:
-            continue
+        content = m.content
+        if isinstance(content, str):  # the common case, inlined: this loop is the hot path
+            if not content or content.isspace():
+                continue
+            blocks: list[Block] = [{"type": "text", "text": content}]
+        else:
+            blocks = _blocks(content)
+            if not blocks:
+                continue
         if turns and turns[-1].role == m.role:
             turns[-1].blocks += blocks
             turns[-1].tokens += m.tokens
@@ -161,11 +168,14 @@ def _normalise(turns: list[Turn]) -> list[Turn]:
 
 def repair(turns: list[Turn]) -> list[Turn]:
     """Apply the pairing and alternation rules until nothing changes."""
-    while True:
-        before = [(t.role, len(t.blocks)) for t in turns]
-        turns = _normalise(_pair_tools(turns))
-        if [(t.role, len(t.blocks)) for t in turns] == before:
-            break
+    if not any(b.get("type") != "text" for t in turns for b in t.blocks):
+        turns = _normalise(turns)  # no tool blocks: only alternation and the first turn
+    else:
+        while True:
+            before = [(t.role, len(t.blocks)) for t in turns]
+            turns = _normalise(_pair_tools(turns))
+            if [(t.role, len(t.blocks)) for t in turns] == before:
+                break
     if turns and turns[-1].role == "assistant":
         _strip_trailing_space(turns[-1])
         turns = _normalise(turns)
@@ -215,7 +225,8 @@ def build_context(
     """The valid, budget-fitted context of a window of messages (oldest first)."""
     turns = repair(merge_turns(messages))
     turns, truncated = fit_budget(turns, budget)
-    turns = repair(turns)
+    if truncated:
+        turns = repair(turns)
     return Context(
         messages=[{"role": t.role, "content": t.blocks} for t in turns],
         system=system,

@@ -47,16 +47,6 @@ class WindowQuery:
     budget: int
     start: dt.datetime
 
-    def params(self) -> dict[str, Any]:
-        """Parameters of the window queries."""
-        return {
-            "agent": self.agent,
-            "channel": self.channel,
-            "thread": self.thread,
-            "cutoff": self.cutoff,
-            "after_seq": self.after_seq,
-        }
-
 
 def plan(
     agent: str,
@@ -97,7 +87,9 @@ def assemble(
     q: WindowQuery, rows: Sequence[tuple[Any, ...]], threads: Sequence[tuple[str, int, dt.datetime]]
 ) -> Context:
     """The context from the fetched rows (seq, occurred_at, tokens, role, content)."""
-    messages = [StoredMessage(r[0], r[3], r[4], r[2], r[1]) for r in rows]
+    messages = [
+        StoredMessage(seq, role, content, tokens, at) for seq, at, tokens, role, content in rows
+    ]
     return build_context(messages, budget=q.budget, system=preamble(threads), window_start=q.start)
 
 
@@ -112,6 +104,18 @@ def _configure(conn: Any) -> None:
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+def _params(
+    agent: str, channel: str, thread: str | None, now: dt.datetime, defaults: ConversationDefaults
+) -> dict[str, Any]:
+    return {
+        "agent": agent,
+        "channel": channel,
+        "thread": thread or "",
+        "now": now,
+        "default_window": defaults.rolling_window,
+    }
 
 
 class ContextReader:
@@ -161,17 +165,18 @@ class ContextReader:
         now: dt.datetime | None = None,
     ) -> Context:
         """The context of one thread (or the main line), valid for the Messages API."""
+        now = now or self.clock()
+        params = _params(agent, channel, thread, now, self.defaults)
         with self._conn() as conn:
             if wait_for is not None:
                 self._wait(conn, wait_for, timeout)
-            state = _state(
-                conn.execute(
-                    query("conversation_state"), {"agent": agent, "channel": channel}
-                ).fetchone()
-            )
-            q = plan(agent, channel, thread, state, self.defaults, now or self.clock())
-            rows = conn.execute(query("window_messages"), q.params()).fetchall()
-            threads = conn.execute(query("active_threads"), q.params()).fetchall()
+            with conn.pipeline():  # the three reads in one round trip
+                state_cur = conn.execute(query("conversation_state"), params)
+                rows_cur = conn.cursor().execute(query("window_messages"), params)
+                threads_cur = conn.cursor().execute(query("active_threads"), params)
+            state = _state(state_cur.fetchone())
+            rows, threads = rows_cur.fetchall(), threads_cur.fetchall()
+        q = plan(agent, channel, thread, state, self.defaults, now)
         return assemble(q, rows, threads)
 
     def _wait(self, conn: Any, event_id: str, timeout: float) -> None:
@@ -246,13 +251,15 @@ class AsyncContextReader:
                             "is `contextlog ingest` running?"
                         )
                     await asyncio.sleep(POLL_SECONDS)
-            cur = await conn.execute(
-                query("conversation_state"), {"agent": agent, "channel": channel}
-            )
-            state = _state(await cur.fetchone())
-            q = plan(agent, channel, thread, state, self.defaults, now or self.clock())
-            rows = await (await conn.execute(query("window_messages"), q.params())).fetchall()
-            threads = await (await conn.execute(query("active_threads"), q.params())).fetchall()
+            now = now or self.clock()
+            params = _params(agent, channel, thread, now, self.defaults)
+            async with conn.pipeline():  # the three reads in one round trip
+                state_cur = await conn.execute(query("conversation_state"), params)
+                rows_cur = await conn.cursor().execute(query("window_messages"), params)
+                threads_cur = await conn.cursor().execute(query("active_threads"), params)
+            state = _state(await state_cur.fetchone())
+            rows, threads = await rows_cur.fetchall(), await threads_cur.fetchall()
+        q = plan(agent, channel, thread, state, self.defaults, now)
         return assemble(q, rows, threads)
 
     async def aclose(self) -> None:

@@ -74,17 +74,30 @@ SELECT cleared_seq, cleared_at, rolling_window, idle_timeout, token_budget, last
 FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s;
 
 -- name: window_messages
-SELECT seq, occurred_at, tokens, payload->>'role', payload->'content'
-FROM events
-WHERE agent = %(agent)s AND channel = %(channel)s AND thread = %(thread)s
-  AND kind = 'message.v1' AND occurred_at >= %(cutoff)s AND seq > %(after_seq)s
-ORDER BY seq;
+-- The window of one thread: messages after max(last clear, now - rolling window). The
+-- cut-off is computed here from the projection row, so the reader can send this query
+-- in the same round trip as `conversation_state` (pipeline mode).
+WITH c AS (
+    SELECT cleared_seq, %(now)s::timestamptz
+           - make_interval(secs => coalesce(rolling_window, %(default_window)s)) AS cutoff
+    FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s
+)
+SELECT e.seq, e.occurred_at, e.tokens, e.payload->>'role', e.payload->'content'
+FROM c JOIN events e
+  ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.thread = %(thread)s
+ AND e.kind = 'message.v1' AND e.occurred_at >= c.cutoff AND e.seq > c.cleared_seq
+ORDER BY e.seq;
 
 -- name: active_threads
-SELECT thread, message_count, last_activity_at FROM threads
-WHERE agent = %(agent)s AND channel = %(channel)s AND thread <> %(thread)s
-  AND last_activity_at >= %(cutoff)s
-ORDER BY last_activity_at DESC LIMIT 20;
+WITH c AS (
+    SELECT %(now)s::timestamptz
+           - make_interval(secs => coalesce(rolling_window, %(default_window)s)) AS cutoff
+    FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s
+)
+SELECT t.thread, t.message_count, t.last_activity_at FROM c JOIN threads t
+  ON t.agent = %(agent)s AND t.channel = %(channel)s AND t.thread <> %(thread)s
+ AND t.last_activity_at >= c.cutoff
+ORDER BY t.last_activity_at DESC LIMIT 20;
 
 -- name: event_visible
 SELECT 1 FROM events WHERE event_id = %(event_id)s;
