@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+import structlog
 
 from tests.support import services
 
@@ -48,3 +49,10 @@ def rds(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url)
     yield client
     client.close()
+
+
+@pytest.fixture(autouse=True)
+def _default_logging() -> Iterator[None]:
+    """A test that runs the CLI configures structlog; the next test starts afresh."""
+    yield
+    structlog.reset_defaults()

@@ -29,6 +29,7 @@ def configure(level: str = "info", fmt: str = "json") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
+        # Looked up on every call, not cached: sys.stderr may be replaced (tests, daemons).
+        logger_factory=lambda *args: structlog.PrintLogger(file=sys.stderr),
+        cache_logger_on_first_use=False,
     )
