@@ -11,8 +11,9 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+import msgspec
 import psycopg
 from psycopg.rows import TupleRow
 
@@ -24,9 +25,8 @@ CONFIGURE = "configure.v1"
 SETTINGS = ("rolling_window", "idle_timeout", "token_budget")
 
 
-@dataclass(frozen=True)
-class Row:
-    """What the projections need of one event."""
+class Row(NamedTuple):
+    """What the projections need of one event (a tuple: made once per event on ingest)."""
 
     agent: str
     channel: str
@@ -100,29 +100,43 @@ def apply(
     cannot deadlock.
     """
     keys = sorted(convs)
-    ch = [convs[k] for k in keys]
     rows = cur.execute(
         query("advance_conversations"),
         {
-            "agents": [k[0] for k in keys],
-            "channels": [k[1] for k in keys],
-            "counts": [c.count for c in ch],
-            "cleared": [c.cleared_offset for c in ch],
-            "cleared_at": [c.cleared_at for c in ch],
-            **{name: [c.settings.get(name) for c in ch] for name in SETTINGS},
-            "activity": [c.last_activity_at for c in ch],
+            "rows": msgspec.json.encode(
+                [
+                    {
+                        "agent": k[0],
+                        "channel": k[1],
+                        "n": c.count,
+                        "cleared": c.cleared_offset,
+                        "cleared_at": c.cleared_at,
+                        "activity": c.last_activity_at,
+                        **c.settings,
+                    }
+                    for k in keys
+                    for c in (convs[k],)
+                ]
+            ).decode()
         },
     ).fetchall()
     if threads:
-        tkeys = sorted(threads)
         cur.execute(
             query("advance_threads"),
             {
-                "agents": [k[0] for k in tkeys],
-                "channels": [k[1] for k in tkeys],
-                "threads": [k[2] for k in tkeys],
-                "counts": [threads[k].messages for k in tkeys],
-                "activity": [threads[k].last_activity_at for k in tkeys],
+                "rows": msgspec.json.encode(
+                    [
+                        {
+                            "agent": k[0],
+                            "channel": k[1],
+                            "thread": k[2],
+                            "n": t.messages,
+                            "activity": t.last_activity_at,
+                        }
+                        for k in sorted(threads)
+                        for t in (threads[k],)
+                    ]
+                ).decode()
             },
         )
     return {(r[0], r[1]): int(r[2]) - convs[(r[0], r[1])].count for r in rows}

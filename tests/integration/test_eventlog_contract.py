@@ -145,3 +145,26 @@ def test_migrate_in_parallel_on_an_empty_database(database_url: str) -> None:
     drop_database(database_url, name)
     every = [f"{m.version:03d}_{m.name}" for m in migrations()]
     assert sorted(results, key=len) == [[], [], [], every]
+
+
+def test_text_that_copy_would_misread_is_stored_verbatim(db: str) -> None:
+    log = PostgresEventLog(psycopg.connect(db))
+    tricky = "tab\there\nnew line\r\\N back\\slash \\t literal ☃"
+    event = ev.MessagePosted(
+        event_id=uuid7(),
+        agent="a\\gent",
+        channel="chan\\nel",
+        thread="th\\read",
+        occurred_at=T0,
+        role="user",
+        content=tricky,
+    )
+    # A producer may send JSON with whitespace between tokens; it must survive too.
+    payload = codec.encode(event).replace(b'","', b'",\n\t"')
+    assert log.append(0, 1, [Accepted("1-0", codec.decode(payload), payload)]) == 1
+    with psycopg.connect(db) as conn:
+        row = conn.execute(
+            "SELECT agent, channel, thread, payload->>'content' FROM events"
+        ).fetchone()
+    assert row == ("a\\gent", "chan\\nel", "th\\read", tricky)
+    log.close()
