@@ -8,7 +8,7 @@ from typing import Final
 import msgspec
 
 from schema.errors import EventRejected, EventTooLarge
-from schema.events import AnyEvent, Event, MessagePosted, ToolUseBlock
+from schema.events import NAME_FIELDS, AnyEvent, Event, MessagePosted, ToolUseBlock
 
 ENTRY_FIELD: Final = b"e"
 DEFAULT_MAX_ENTRY_BYTES: Final = 256 * 1024
@@ -62,8 +62,22 @@ def _classify(message: str) -> str:
     return INVALID
 
 
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _check_names(event: AnyEvent) -> None:
+    """Names (agent, channel, thread, ...) must not hold control characters."""
+    names = [v for f in NAME_FIELDS if isinstance(v := getattr(event, f, None), str)]
+    if not _CONTROL.search("".join(names)):
+        return
+    bad = next(f for f in NAME_FIELDS if _CONTROL.search(getattr(event, f, None) or ""))
+    raise EventRejected(INVALID, f"control characters are not allowed - at `$.{bad}`")
+
+
 def _check_semantics(event: AnyEvent) -> None:
-    """Rules msgspec's type system cannot say: a tool's input must be a JSON object."""
+    """Rules msgspec's type system cannot say: names without control characters, and a
+    tool's input must be a JSON object."""
+    _check_names(event)
     if not isinstance(event, MessagePosted) or isinstance(event.content, str):
         return
     for i, block in enumerate(event.content):

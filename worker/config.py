@@ -15,7 +15,7 @@ from schema.errors import ConfigError
 
 DEFAULT_REDIS_URL: Final = "redis://127.0.0.1:6379/0"
 DEFAULT_DATABASE_URL: Final = "postgresql://postgres@127.0.0.1:5432/postgres"
-DEFAULT_BATCH_SIZE: Final = 500
+DEFAULT_BATCH_SIZE: Final = 2000
 DEFAULT_MAX_DELIVERIES: Final = 10
 DEFAULT_LEASE_SECONDS: Final = 15.0
 DEFAULT_BLOCK_MS: Final = 500

@@ -120,41 +120,36 @@ class PostgresEventLog:
             return self._write(shard, epoch, batch, check_stored=True)
 
     def _write(self, shard: int, epoch: int, batch: Sequence[Accepted], check_stored: bool) -> int:
+        unique = _unique(batch)
         with self.conn.transaction(), self.conn.cursor() as cur:
             # The checkpoint row goes first: its lock serialises two writers of a shard
-            # and the epoch check fences the older one.
+            # and the epoch check fences the older one. On the optimistic path every
+            # unique event is new, so the count goes in the same statement.
             checkpoint = {
                 "shard": shard,
                 "epoch": epoch,
                 "last_entry_id": batch[-1].entry_id,
-                "events": 0,
+                "events": 0 if check_stored else len(unique),
                 "rebuild_lock": REBUILD_LOCK,
             }
             if cur.execute(query("advance_checkpoint"), checkpoint).fetchone() is None:
                 raise Fenced(f"shard {shard}: epoch {epoch} is older than the last writer's")
-            fresh = self._fresh(cur, batch, check_stored)
-            if fresh:
-                self._insert(cur, fresh)
+            fresh = unique
+            if check_stored:
+                fresh = self._not_stored(cur, unique)
                 cur.execute(
                     "UPDATE shard_checkpoints SET events = events + %s WHERE shard = %s",
                     (len(fresh), shard),
                 )
+            if fresh:
+                self._insert(cur, fresh)
         return len(fresh)
 
-    def _fresh(
-        self, cur: psycopg.Cursor[TupleRow], batch: Sequence[Accepted], check_stored: bool
-    ) -> list[Accepted]:
-        """The batch without events repeated within it (or, if asked, already stored)."""
-        stored: set[uuid.UUID] = set()
-        if check_stored:
-            ids = [a.event.event_id for a in batch]
-            stored = {r[0] for r in cur.execute(query("existing_event_ids"), {"ids": ids})}
-        fresh = []
-        for a in batch:
-            if a.event.event_id not in stored:
-                stored.add(a.event.event_id)
-                fresh.append(a)
-        return fresh
+    def _not_stored(self, cur: psycopg.Cursor[TupleRow], batch: list[Accepted]) -> list[Accepted]:
+        """The events of `batch` not yet in the log (after a redelivery)."""
+        ids = [a.event.event_id for a in batch]
+        stored = {r[0] for r in cur.execute(query("existing_event_ids"), {"ids": ids})}
+        return [a for a in batch if a.event.event_id not in stored]
 
     def _insert(self, cur: psycopg.Cursor[TupleRow], fresh: list[Accepted]) -> None:
         """Fold the projections (reserving sequence numbers), then COPY the rows."""
@@ -200,6 +195,17 @@ def copy_line(a: Accepted, seq: int) -> bytes:
         )
         + b"\n"
     )
+
+
+def _unique(batch: Sequence[Accepted]) -> list[Accepted]:
+    """The batch without events repeated within it, first occurrence kept, in order."""
+    seen: set[uuid.UUID] = set()
+    out = []
+    for a in batch:
+        if a.event.event_id not in seen:
+            seen.add(a.event.event_id)
+            out.append(a)
+    return out
 
 
 def row_of(event: ev.AnyEvent) -> projection.Row:

@@ -75,6 +75,7 @@ class Ingest:
         self.recovering: dict[int, bool] = {}
         self._eventlog: EventLog | None = None
         self._next_lease_check = 0.0
+        self._next_sweep = 0.0
         self._next_trim = 0.0
         self._backoff = 0.0
         self.stored = 0
@@ -128,11 +129,15 @@ class Ingest:
         """Renew or rebalance leases when due, recover taken-over shards, then read."""
         now = self.clock.monotonic()
         if now >= self._next_lease_check:
+            # Often (at least once a second), so a process that joins gets its share
+            # of the shards quickly; renewing is two cheap pipelines.
             self.rebalance()
-            self._next_lease_check = now + self.settings.lease_seconds / 3
+            self._next_lease_check = now + min(1.0, self.settings.lease_seconds / 3)
+        if now >= self._next_sweep:
             # Sweep for entries a former owner read after we took its shard over.
             for shard in self.owned:
                 self.recovering.setdefault(shard, False)
+            self._next_sweep = now + self.settings.lease_seconds / 3
         for shard, taken in sorted(self.recovering.items()):
             self.recover(shard, taken)
         if not self.owned:

@@ -12,7 +12,7 @@ def test_defaults_when_nothing_is_set() -> None:
     s = Settings.from_env({})
     assert s.redis_url == "redis://127.0.0.1:6379/0"
     assert s.shards == 4
-    assert s.batch_size == 500
+    assert s.batch_size == 2000
     assert s.max_entry_bytes == 256 * 1024
     assert s.consumer  # host-pid by default
 
