@@ -1,0 +1,328 @@
+"""Benchmark "ingest": drain pre-filled shard streams into `events` with a real ingest process.
+
+The physical limit is one `COPY` of the very same rows (the columns of ingest's own
+`copy_events`, same text format, same client library) into a table built `LIKE events
+INCLUDING ALL`, so it pays for the same indexes and jsonb parsing but none of Redis,
+decoding, sequencing, projections or fencing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import time
+from dataclasses import dataclass
+
+import psycopg
+import redis
+from psycopg.rows import TupleRow
+
+from producers import Producer
+from schema import keys
+from schema.queries import query
+from tests.bench.harness import (
+    BenchEnv,
+    BenchError,
+    CpuMeter,
+    Result,
+    Watched,
+    is_local,
+    python_module,
+    redis_cpu,
+)
+from tests.bench.workload import Filled, Traffic, fill
+from worker.config import Settings
+
+DEFAULT_EVENTS = 200_000
+EVENTS_PER_CONVERSATION = 200  # 200,000 events -> 1,000 conversations
+SHARDS = 4
+FILL_BATCH = 1000  # events per producer pipeline
+POLL_SECONDS = 0.05
+TARGET_RATIO = 0.6
+RAW_COPY_RUNS = 3
+MB = 2**20
+
+_COPY_COLUMNS = re.compile(r"^\s*COPY\s+events\s*\(([^)]*)\)", re.IGNORECASE)
+
+
+def copy_columns() -> list[str]:
+    """The columns ingest's own `copy_events` writes, so the raw COPY stays its twin."""
+    match = _COPY_COLUMNS.match(query("copy_events"))
+    if match is None:
+        raise BenchError("schema/sql/queries.sql: copy_events is no longer `COPY events (...)`")
+    columns = [c.strip() for c in match[1].split(",")]
+    if columns[0] != "event_id" or columns[-1] != "payload":
+        raise BenchError(
+            f"copy_events columns must start with event_id, end with payload: {columns}"
+        )
+    return columns
+
+
+@dataclass(frozen=True)
+class Drain:
+    """How the ingest process did: wall time from its start, and its memory."""
+
+    seconds: float
+    first_row_seconds: float  # start-up: interpreter, imports, migrations, leases
+    peak_rss: int
+    exit_status: int
+    stderr_tail: str
+    cpu: dict[str, float]
+
+
+def run(env: BenchEnv) -> Result:
+    """Fill the streams, time `contextlog ingest` draining them, then time the raw COPY."""
+    count = env.events or DEFAULT_EVENTS
+    load_at_start = [round(x, 2) for x in os.getloadavg()]
+    conversations = max(1, count // EVENTS_PER_CONVERSATION)
+    filled = _fill(env, count, conversations)
+    settings = Settings.from_env(_ingest_env(env))
+    drain = _drain(env, count)
+    stored, dead = _check(env, count)
+    raw = _raw_copy(env, filled, count)
+    ours, limit = count / drain.seconds, count / raw.seconds
+    return Result(
+        name="ingest",
+        unit="events/s",
+        ours=ours,
+        limit=limit,
+        limit_label="one `COPY ... FROM STDIN` (psycopg `write_row`) of the same rows, with the "
+        f"columns of ingest's `copy_events` ({', '.join(copy_columns())}), into "
+        "`events_copy (LIKE events INCLUDING ALL)`, timed from COPY start to commit; "
+        f"median of {RAW_COPY_RUNS} runs, each into a fresh table",
+        target=TARGET_RATIO,
+        extra=f"peak RSS {drain.peak_rss / MB:.0f} MB; {count:,} events",
+        description=(
+            f"{count:,} message events (~{filled.mean_bytes:.0f} B each, "
+            f"{filled.tool_events / count:.0%} with tool_use/tool_result blocks, "
+            f"{conversations:,} conversations) pre-filled on {SHARDS} shard streams with "
+            "`producers.Producer` pipelines, then drained by a real `contextlog ingest` "
+            "process; timed from process start until every row is committed in `events`."
+        ),
+        notes=[
+            f"Ingest: {drain.seconds:.2f} s, of which {drain.first_row_seconds:.2f} s before "
+            f"the first commit (start-up); CPU {_cpu_line(drain.cpu)}.",
+            f"Raw COPY: {raw.seconds:.2f} s (median; runs "
+            + ", ".join(f"{r:.2f}" for r in raw.runs)
+            + f" s); CPU of the median run {_cpu_line(raw.median_cpu)}.",
+            f"Ingest settings: batch_size={settings.batch_size}, block_ms={settings.block_ms}.",
+        ],
+        details={
+            "events": count,
+            "conversations": conversations,
+            "shards": SHARDS,
+            "mean_entry_bytes": round(filled.mean_bytes, 1),
+            "tool_events": filled.tool_events,
+            "ingest_settings": {
+                "batch_size": settings.batch_size,
+                "block_ms": settings.block_ms,
+                "trim_seconds": settings.trim_seconds,
+            },
+            "fill": {
+                "seconds": round(filled.seconds, 3),
+                "events_per_s": round(count / filled.seconds, 1),
+                "pipeline_batch": FILL_BATCH,
+            },
+            "ingest": {
+                "seconds": round(drain.seconds, 3),
+                "events_per_s": round(ours, 1),
+                "first_row_seconds": round(drain.first_row_seconds, 3),
+                "events_per_s_after_first_row": round(
+                    count / max(1e-9, drain.seconds - drain.first_row_seconds), 1
+                ),
+                "peak_rss_bytes": drain.peak_rss,
+                "exit_status": drain.exit_status,
+                "stderr_tail": drain.stderr_tail,
+                "rows_stored": stored,
+                "dead_letters": dead,
+                "cpu": drain.cpu,
+            },
+            "raw_copy": {
+                "seconds": round(raw.seconds, 3),
+                "events_per_s": round(limit, 1),
+                "runs_seconds": [round(r, 3) for r in raw.runs],
+                "cpu": raw.cpu,
+            },
+            "load_average_at_start": load_at_start,
+        },
+    )
+
+
+def _ingest_env(env: BenchEnv) -> dict[str, str]:
+    return env.process_env(CONTEXTLOG_LOG_LEVEL="warning", CONTEXTLOG_SHARDS=str(SHARDS))
+
+
+def _fill(env: BenchEnv, count: int, conversations: int) -> Filled:
+    print(f"  filling {SHARDS} shard streams with {count:,} events ...", flush=True)
+    producer = Producer.from_url(env.redis_url, shards=SHARDS)
+    try:
+        filled = fill(producer, Traffic(conversations), count, FILL_BATCH)
+    finally:
+        producer.close()
+    print(
+        f"  filled in {filled.seconds:.1f}s ({count / filled.seconds:,.0f} events/s, "
+        f"mean entry {filled.mean_bytes:.0f} B)",
+        flush=True,
+    )
+    return filled
+
+
+def _drain(env: BenchEnv, count: int) -> Drain:
+    """Start `contextlog ingest`; poll the checkpoint totals until every event is stored."""
+    timeout = 60 + count / 500  # generous: even 500 events/s finishes
+    _checkpoint(env.database_url)
+    print("  draining with `python -m worker.cli ingest` ...", flush=True)
+    cpu = CpuMeter()
+    cpu.watch_counter("redis_server", redis_cpu(env.redis_url))
+    with (
+        psycopg.connect(env.database_url, autocommit=True) as conn,
+        Watched("contextlog ingest", python_module("worker.cli", "ingest"), _ingest_env(env)) as p,
+    ):
+        cpu.watch("ingest_process", p.proc.pid, since_start=True)
+        first_row = None
+        while True:
+            p.sample()
+            # The checkpoint's counter is bumped in the batch's own transaction, so this
+            # 4-row sum equals the committed rows and costs nothing next to count(*).
+            stored = int(conn.execute(query("events_stored")).fetchone()[0])  # type: ignore[index]
+            elapsed = p.elapsed()
+            if stored and first_row is None:
+                first_row = elapsed
+                _watch_backends(cpu, conn, env.database_url)
+            if stored >= count:
+                break
+            if elapsed > timeout:
+                raise BenchError(f"ingest stored {stored:,} of {count:,} events in {timeout:.0f}s")
+            time.sleep(POLL_SECONDS)
+        usage = cpu.report()
+        peak = p.high_water_mark()
+        status = p.stop()
+        tail = p.stderr_tail()
+    if status != 0:
+        raise BenchError(f"ingest exited with status {status} after SIGTERM:\n{tail}")
+    print(f"  ingest: {count / elapsed:,.0f} events/s ({elapsed:.2f}s); CPU {_cpu_line(usage)}")
+    return Drain(elapsed, first_row or elapsed, peak, status, tail, usage)
+
+
+def _watch_backends(cpu: CpuMeter, conn: psycopg.Connection[TupleRow], url: str) -> None:
+    """Count the CPU of the ingest's Postgres backends, when the server runs here."""
+    if not is_local(url):
+        return
+    rows = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name = 'contextlog' AND pid <> pg_backend_pid()"
+    ).fetchall()
+    for (pid,) in rows:
+        cpu.watch("postgres_backend", int(pid), since_start=True)
+
+
+def _cpu_line(usage: dict[str, float]) -> str:
+    """`ingest_process 9.1s, ... machine busy 15.2s of 2 cores x 10.6s` for the terminal."""
+    named = [
+        f"{k.removesuffix('_cpu_seconds')} {v:.1f}s"
+        for k, v in usage.items()
+        if k.endswith("_cpu_seconds") and not k.startswith("machine")
+    ]
+    return (
+        ", ".join(named) + f"; machine busy {usage['machine_busy_cpu_seconds']:.1f}s "
+        f"of {usage['cores']:.0f} cores x {usage['wall_seconds']:.1f}s"
+        f" (steal {usage['machine_steal_cpu_seconds']:.1f}s)"
+    )
+
+
+def _check(env: BenchEnv, count: int) -> tuple[int, int]:
+    """Every event stored once, none dead-lettered."""
+    with psycopg.connect(env.database_url) as conn:
+        stored = int(conn.execute("SELECT count(*) FROM events").fetchone()[0])  # type: ignore[index]
+    client = redis.Redis.from_url(env.redis_url)
+    try:
+        dead = int(client.xlen(keys.DEAD_LETTERS))
+    finally:
+        client.close()
+    if stored != count or dead:
+        raise BenchError(f"expected {count:,} rows and no dead letters; got {stored:,} and {dead}")
+    return stored, dead
+
+
+@dataclass(frozen=True)
+class RawCopy:
+    """The raw COPY's timings: every repetition, and the one reported (the median)."""
+
+    runs: list[float]
+    cpu: list[dict[str, float]]
+
+    @property
+    def seconds(self) -> float:
+        """Median seconds: one slow or fast spell of a shared machine does not set the limit."""
+        return statistics.median(self.runs)
+
+    @property
+    def median_cpu(self) -> dict[str, float]:
+        """CPU accounting of the median run."""
+        return self.cpu[self.runs.index(sorted(self.runs)[(len(self.runs) - 1) // 2])]
+
+
+def _raw_copy(env: BenchEnv, filled: Filled, count: int) -> RawCopy:
+    """COPY the stored rows, with their original payloads, into a fresh twin table, 3 times."""
+    columns = copy_columns()
+    with psycopg.connect(env.database_url) as conn:
+        # Every column as ingest wrote it, except the payload: the producer's original
+        # JSON text, as ingest sends it (jsonb::text would re-space it).
+        stored = f"SELECT {', '.join(columns[:-1])} FROM events ORDER BY position"
+        rows = [(*r, filled.payloads[str(r[0])].decode()) for r in conn.execute(stored)]
+        conn.commit()
+        result = RawCopy([], [])
+        for i in range(RAW_COPY_RUNS):
+            seconds, usage = _copy_once(env.database_url, conn, columns, rows, count)
+            result.runs.append(seconds)
+            result.cpu.append(usage)
+            print(
+                f"  raw COPY {i + 1}/{RAW_COPY_RUNS}: {count / seconds:,.0f} events/s "
+                f"({seconds:.2f}s); CPU {_cpu_line(usage)}",
+                flush=True,
+            )
+    return result
+
+
+def _copy_once(
+    url: str,
+    conn: psycopg.Connection[TupleRow],
+    columns: list[str],
+    rows: list[tuple[object, ...]],
+    count: int,
+) -> tuple[float, dict[str, float]]:
+    """One timed COPY into a just-created `events_copy`, from COPY start to commit."""
+    conn.execute("DROP TABLE IF EXISTS events_copy")
+    conn.execute("CREATE TABLE events_copy (LIKE events INCLUDING ALL)")
+    backend = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])  # type: ignore[index]
+    conn.commit()
+    _checkpoint(url)
+    cpu = CpuMeter()
+    cpu.watch("bench_client", os.getpid())
+    if is_local(url):
+        cpu.watch("postgres_backend", backend)
+    started = time.perf_counter()
+    with (
+        conn.cursor() as cur,
+        cur.copy(f"COPY events_copy ({', '.join(columns)}) FROM STDIN") as copy,
+    ):
+        for row in rows:
+            copy.write_row(row)
+    conn.commit()
+    seconds = time.perf_counter() - started
+    usage = cpu.report()
+    copied = int(conn.execute("SELECT count(*) FROM events_copy").fetchone()[0])  # type: ignore[index]
+    conn.commit()
+    if copied != count:
+        raise BenchError(f"raw COPY stored {copied:,} rows, expected {count:,}")
+    return seconds, usage
+
+
+def _checkpoint(database_url: str) -> None:
+    """Flush dirty buffers so a timed phase does not pay for the previous one's writes."""
+    try:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute("CHECKPOINT")
+    except psycopg.errors.InsufficientPrivilege:
+        pass  # not a superuser (nor pg_checkpoint): the timings are a little noisier
