@@ -312,3 +312,29 @@ def test_any_logged_history_reads_back_valid_for_the_real_client(
     if ctx.messages:
         reply = client().messages.create(model="m", max_tokens=10, **ctx.to_anthropic())
         assert reply.content[0].text == "ok"
+
+
+def test_cli_context_across_a_clear_and_the_24h_edge_inside_tool_exchanges(
+    log: Log, db: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from worker import cli
+
+    now = dt.datetime.now(dt.UTC)
+    log.say("assistant", [use("edge")], now - 24 * HOUR - dt.timedelta(minutes=5))
+    log.say("user", [result("edge")], now - 24 * HOUR + dt.timedelta(minutes=5))
+    log.say("assistant", "edge answer", now - 23 * HOUR)
+    log.say("user", "later", now - 10 * HOUR)
+    log.say("assistant", [{"type": "text", "text": "checking"}, use("mid")], now - 5 * HOUR)
+    log.add(ev.ContextCleared, now - 4 * HOUR)
+    log.say("user", [result("mid")], now - 3 * HOUR)
+    log.say("assistant", "after clear", now - 3 * HOUR)
+    log.say("user", "new topic", now - HOUR)
+    log.say("assistant", [use("new")], now - HOUR)
+    log.say("user", [result("new")], now - HOUR)
+    log.say("assistant", "done", now - HOUR)
+    monkeypatch.setenv("DATABASE_URL", db)
+    assert cli.main(["context", "alpha", "general", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert check_messages(out["messages"]) == []
+    assert [m["role"] for m in out["messages"]] == ["user", "assistant", "user", "assistant"]
+    assert out["messages"][0]["content"] == [{"type": "text", "text": "new topic"}]
