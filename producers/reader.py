@@ -118,32 +118,38 @@ def _params(
     }
 
 
-class ContextReader:
-    """Synchronous reader: `r.context(agent, channel)` before every LLM turn."""
-
+class _Reader:
     def __init__(
         self,
-        pool: ConnectionPool[Any],
         *,
         defaults: ConversationDefaults | None = None,
         clock: Callable[[], dt.datetime] = _now,
     ) -> None:
-        self.pool = pool
         # The reader's one look at the environment: deployment-wide setting defaults.
         self.defaults = defaults or ConversationDefaults.from_env(os.environ)
         self.clock = clock
 
+
+# Connections are opened on first use (never at import or construction time).
+_POOL: dict[str, Any] = {
+    "min_size": 1,
+    "max_size": 4,
+    "open": False,
+    "kwargs": {"autocommit": True},
+}
+
+
+class ContextReader(_Reader):
+    """Synchronous reader: `r.context(agent, channel)` before every LLM turn."""
+
+    def __init__(self, pool: ConnectionPool[Any], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pool = pool
+
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> ContextReader:
         """A reader on the Postgres at `url`; connects on first use."""
-        pool = ConnectionPool(
-            url,
-            min_size=1,
-            max_size=4,
-            open=False,
-            configure=_configure,
-            kwargs={"autocommit": True},
-        )
+        pool = ConnectionPool(url, configure=_configure, **_POOL)
         return cls(pool, **kwargs)
 
     def _conn(self) -> Any:
@@ -194,31 +200,17 @@ class ContextReader:
         self.pool.close()
 
 
-class AsyncContextReader:
+class AsyncContextReader(_Reader):
     """asyncio reader: `await r.context(agent, channel)`."""
 
-    def __init__(
-        self,
-        pool: AsyncConnectionPool[Any],
-        *,
-        defaults: ConversationDefaults | None = None,
-        clock: Callable[[], dt.datetime] = _now,
-    ) -> None:
+    def __init__(self, pool: AsyncConnectionPool[Any], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.pool = pool
-        self.defaults = defaults or ConversationDefaults.from_env(os.environ)
-        self.clock = clock
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> AsyncContextReader:
         """A reader on the Postgres at `url`; connects on first use."""
-        pool = AsyncConnectionPool(
-            url,
-            min_size=1,
-            max_size=4,
-            open=False,
-            configure=_aconfigure,
-            kwargs={"autocommit": True},
-        )
+        pool = AsyncConnectionPool(url, configure=_aconfigure, **_POOL)
         return cls(pool, **kwargs)
 
     async def context(
