@@ -8,6 +8,7 @@ decoding, sequencing, projections or fencing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import statistics
@@ -40,6 +41,7 @@ SHARDS = 4
 FILL_BATCH = 1000  # events per producer pipeline
 POLL_SECONDS = 0.05
 TARGET_RATIO = 0.6
+SCALED_PROCESSES = 2
 RAW_COPY_RUNS = 3
 MB = 2**20
 
@@ -81,7 +83,9 @@ def run(env: BenchEnv) -> Result:
     drain = _drain(env, count)
     stored, dead = _check(env, count)
     raw = _raw_copy(env, filled, count)
+    scaled = _drain_scaled(env, count, conversations, SCALED_PROCESSES)
     ours, limit = count / drain.seconds, count / raw.seconds
+    two = count / scaled
     return Result(
         name="ingest",
         unit="events/s",
@@ -92,7 +96,10 @@ def run(env: BenchEnv) -> Result:
         "`events_copy (LIKE events INCLUDING ALL)`, timed from COPY start to commit; "
         f"median of {RAW_COPY_RUNS} runs, each into a fresh table",
         target=TARGET_RATIO,
-        extra=f"peak RSS {drain.peak_rss / MB:.0f} MB; {count:,} events",
+        extra=(
+            f"peak RSS {drain.peak_rss / MB:.0f} MB; {count:,} events; with "
+            f"{SCALED_PROCESSES} ingest processes {two:,.0f} events/s, ratio {two / limit:.2f}"
+        ),
         description=(
             f"{count:,} message events (~{filled.mean_bytes:.0f} B each, "
             f"{filled.tool_events / count:.0%} with tool_use/tool_result blocks, "
@@ -144,9 +151,50 @@ def run(env: BenchEnv) -> Result:
                 "runs_seconds": [round(r, 3) for r in raw.runs],
                 "cpu": raw.cpu,
             },
+            "scaled": {
+                "processes": SCALED_PROCESSES,
+                "seconds": round(scaled, 3),
+                "events_per_s": round(two, 1),
+                "ratio": round(two / limit, 3),
+            },
             "load_average_at_start": load_at_start,
         },
     )
+
+
+def _drain_scaled(env: BenchEnv, count: int, conversations: int, processes: int) -> float:
+    """Refill (into emptied tables) and time `processes` ingest processes sharing the shards."""
+    with psycopg.connect(env.database_url, autocommit=True) as conn:
+        conn.execute("TRUNCATE events, conversations, threads, shard_checkpoints")
+    _fill(env, count, conversations)
+    print(f"  draining with {processes} `contextlog ingest` processes ...", flush=True)
+    with (
+        contextlib.ExitStack() as stack,
+        psycopg.connect(env.database_url, autocommit=True) as conn,
+    ):
+        procs = [
+            stack.enter_context(
+                Watched(
+                    f"ingest {i}",
+                    python_module("worker.cli", "ingest"),
+                    {
+                        **_ingest_env(env),
+                        "CONTEXTLOG_CONSUMER": f"bench-{i}",
+                        "CONTEXTLOG_LEASE_SECONDS": "3",
+                    },
+                )
+            )
+            for i in range(processes)
+        ]
+        while int(conn.execute(query("events_stored")).fetchone()[0]) < count:  # type: ignore[index]
+            if procs[0].elapsed() > 60 + count / 500:
+                raise BenchError(f"{processes} ingest processes did not store {count:,} events")
+            time.sleep(POLL_SECONDS)
+        elapsed = procs[0].elapsed()
+        for p in procs:
+            p.stop()
+    print(f"  {processes} ingest processes: {count / elapsed:,.0f} events/s ({elapsed:.2f}s)")
+    return elapsed
 
 
 def _ingest_env(env: BenchEnv) -> dict[str, str]:
