@@ -8,7 +8,7 @@ from typing import Final
 import msgspec
 
 from schema.errors import EventRejected, EventTooLarge
-from schema.events import NAME_FIELDS, AnyEvent, Event, MessagePosted, ToolUseBlock
+from schema.events import NAMES_OF, AnyEvent, Event, MessagePosted, ToolUseBlock
 
 ENTRY_FIELD: Final = b"e"
 DEFAULT_MAX_ENTRY_BYTES: Final = 256 * 1024
@@ -67,10 +67,10 @@ _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
 
 def _check_names(event: AnyEvent) -> None:
     """Names (agent, channel, thread, ...) must not hold control characters."""
-    names = [v for f in NAME_FIELDS if isinstance(v := getattr(event, f, None), str)]
-    if not _CONTROL.search("".join(names)):
+    fields = NAMES_OF[type(event)]
+    if not _CONTROL.search("".join([getattr(event, f) or "" for f in fields])):
         return
-    bad = next(f for f in NAME_FIELDS if _CONTROL.search(getattr(event, f, None) or ""))
+    bad = next(f for f in fields if _CONTROL.search(getattr(event, f) or ""))
     raise EventRejected(INVALID, f"control characters are not allowed - at `$.{bad}`")
 
 

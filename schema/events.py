@@ -165,8 +165,13 @@ EVENT_TYPES: tuple[type[Event], ...] = (
 )
 
 
+_TAGS: dict[type, str] = {cls: str(cls.__struct_config__.tag) for cls in EVENT_TYPES}
+# The name fields each event type has: checked for control characters on every decode.
+NAMES_OF: dict[type, tuple[str, ...]] = {
+    cls: tuple(f for f in NAME_FIELDS if f in cls.__struct_fields__) for cls in EVENT_TYPES
+}
+
+
 def kind_of(event: Event) -> str:
     """The versioned tag of an event, as stored in the log's `kind` column."""
-    tag = type(event).__struct_config__.tag
-    assert isinstance(tag, str)
-    return tag
+    return _TAGS[type(event)]

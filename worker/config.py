@@ -16,6 +16,7 @@ from schema.errors import ConfigError
 DEFAULT_REDIS_URL: Final = "redis://127.0.0.1:6379/0"
 DEFAULT_DATABASE_URL: Final = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_BATCH_SIZE: Final = 2000
+DEFAULT_INGEST_THREADS: Final = 2
 DEFAULT_MAX_DELIVERIES: Final = 10
 DEFAULT_LEASE_SECONDS: Final = 15.0
 DEFAULT_BLOCK_MS: Final = 500
@@ -35,6 +36,7 @@ class Settings:
     database_url: str = DEFAULT_DATABASE_URL
     shards: int = keys.DEFAULT_SHARDS
     batch_size: int = DEFAULT_BATCH_SIZE
+    ingest_threads: int = DEFAULT_INGEST_THREADS
     max_entry_bytes: int = codec.DEFAULT_MAX_ENTRY_BYTES
     max_deliveries: int = DEFAULT_MAX_DELIVERIES
     lease_seconds: float = DEFAULT_LEASE_SECONDS
@@ -56,6 +58,9 @@ class Settings:
             database_url=r.get("DATABASE_URL", DEFAULT_DATABASE_URL, _database_url),
             shards=keys.shards_from_env(env),
             batch_size=r.get("CONTEXTLOG_BATCH_SIZE", DEFAULT_BATCH_SIZE, _int_in(1, 10_000)),
+            ingest_threads=r.get(
+                "CONTEXTLOG_INGEST_THREADS", DEFAULT_INGEST_THREADS, _int_in(1, 64)
+            ),
             max_entry_bytes=r.get(
                 "CONTEXTLOG_MAX_ENTRY_BYTES", codec.DEFAULT_MAX_ENTRY_BYTES, _int_in(1024, 64 << 20)
             ),

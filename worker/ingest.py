@@ -12,6 +12,7 @@ import math
 import threading
 import zlib
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import redis
@@ -73,7 +74,10 @@ class Ingest:
         # Shards to recover before reading new entries; True when we just took the lease
         # (what is pending was in flight when its reader died: a new delivery).
         self.recovering: dict[int, bool] = {}
-        self._eventlog: EventLog | None = None
+        self._local = threading.local()  # each thread's EventLog
+        self._logs: list[EventLog] = []
+        self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
         self._next_lease_check = 0.0
         self._next_sweep = 0.0
         self._next_trim = 0.0
@@ -113,6 +117,9 @@ class Ingest:
         except redis.RedisError as e:
             log.warning("could not release leases", error=str(e))
         self.owned.clear()
+        if self._executor is not None:
+            self._executor.shutdown()
+            self._executor = None
         self._close_db()
 
     def _outage(self, name: str, error: BaseException) -> None:
@@ -144,9 +151,15 @@ class Ingest:
             self.pause(min(1.0, self.settings.lease_seconds / 3))
             return
         shards = sorted(self.owned)
-        batches = self._read(shards)
-        for shard, entries in batches.items():
-            if shard in self.owned and entries:
+        work = [(s, e) for s, e in self._read(shards).items() if s in self.owned and e]
+        if len(work) > 1 and self.settings.ingest_threads > 1:
+            # Shards are independent: while one thread waits on Postgres (psycopg
+            # releases the GIL), another decodes and formats the next shard's batch.
+            futures = [self._pool().submit(self.process, s, e) for s, e in work]
+            for f in futures:
+                f.result()  # re-raises an outage here, in the loop's thread
+        else:
+            for shard, entries in work:
                 self.process(shard, entries)
         if self.settings.trim_seconds and now >= self._next_trim:
             for shard in list(self.owned):
@@ -292,7 +305,8 @@ class Ingest:
             self._isolate(shard, batch, e, retry)
             return
         self.streams.ack(shard, [a.entry_id for a in batch])
-        self.stored += stored
+        with self._lock:
+            self.stored += stored
 
     def _isolate(
         self, shard: int, batch: Sequence[Accepted], error: Exception, retry: bool
@@ -319,11 +333,24 @@ class Ingest:
 
     # -- Postgres connection ----------------------------------------------------------------
     def _log(self) -> EventLog:
-        if self._eventlog is None:
-            self._eventlog = self.open_log()
-        return self._eventlog
+        """This thread's event log (one Postgres connection per thread)."""
+        current: EventLog | None = getattr(self._local, "log", None)
+        if current is None:
+            current = self.open_log()
+            self._local.log = current
+            with self._lock:
+                self._logs.append(current)
+        return current
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self.settings.ingest_threads, "ingest")
+        return self._executor
 
     def _close_db(self) -> None:
-        if self._eventlog is not None:
-            self._eventlog.close()
-            self._eventlog = None
+        """Close every thread's connection; each reopens on its next batch."""
+        with self._lock:
+            logs, self._logs = self._logs, []
+            self._local = threading.local()
+        for event_log in logs:
+            event_log.close()
