@@ -13,7 +13,13 @@ ALTER TABLE conversations
     ADD COLUMN rolling_window   integer,
     ADD COLUMN idle_timeout     integer,
     ADD COLUMN token_budget     integer,
-    ADD COLUMN last_activity_at timestamptz;
+    ADD COLUMN last_activity_at timestamptz,
+    -- A restored session: its messages are seq (restore_from_seq, restore_until_seq] of
+    -- this conversation and count as recent from restored_at (set by the restore command
+    -- of the sessions read model; a restore also moves cleared_seq, like a clear).
+    ADD COLUMN restore_from_seq  bigint,
+    ADD COLUMN restore_until_seq bigint,
+    ADD COLUMN restored_at       timestamptz;
 
 CREATE TABLE threads (
     agent            text        NOT NULL,

@@ -78,11 +78,14 @@ SELECT cleared_seq, cleared_at, rolling_window, idle_timeout, token_budget, last
 FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s;
 
 -- name: window_messages
--- The window of one thread: messages after max(last clear, now - rolling window). The
+-- The window of one thread: messages after max(last clear, now - rolling window), plus
+-- those of a restored session while its restore is within the rolling window. The
 -- cut-off is computed here from the projection row, so the reader can send this query
--- in the same round trip as `conversation_state` (pipeline mode).
+-- in the same round trip as `conversation_state` (pipeline mode). Two branches, each
+-- served by an index: the window index by time, the (agent, channel, seq) key by range.
 WITH c AS (
-    SELECT cleared_seq, %(now)s::timestamptz
+    SELECT cleared_seq, restore_from_seq, restore_until_seq, restored_at,
+           %(now)s::timestamptz
            - make_interval(secs => coalesce(rolling_window, %(default_window)s)) AS cutoff
     FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s
 )
@@ -90,7 +93,14 @@ SELECT e.seq, e.occurred_at, e.tokens, e.payload->>'role', e.payload->'content'
 FROM c JOIN events e
   ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.thread = %(thread)s
  AND e.kind = 'message.v1' AND e.occurred_at >= c.cutoff AND e.seq > c.cleared_seq
-ORDER BY e.seq;
+UNION ALL
+SELECT e.seq, e.occurred_at, e.tokens, e.payload->>'role', e.payload->'content'
+FROM c JOIN events e
+  ON e.agent = %(agent)s AND e.channel = %(channel)s
+ AND e.seq > c.restore_from_seq AND e.seq <= c.restore_until_seq
+ AND e.thread = %(thread)s AND e.kind = 'message.v1'
+WHERE c.restored_at >= c.cutoff
+ORDER BY 1;
 
 -- name: active_threads
 WITH c AS (
