@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from producers import Producer
+from producers import ContextReader, Producer
 from schema import codec, keys
 from worker import bootstrap
 from worker.clock import SystemClock
@@ -54,7 +54,6 @@ def script(producer: Producer, channel: str) -> list[str]:
         b.post_message(AGENT, channel, "assistant", "It's 4°C with light rain in Oslo.")
         b.post_message(AGENT, channel, "user", "Thanks!", sender="ada")
         b.configure(AGENT, channel, idle_timeout=600)
-        b.clear(AGENT, channel)
     return b.ids
 
 
@@ -111,7 +110,7 @@ def run(settings: Settings, console: Console) -> int:
         if ingest.poll() is None:
             ingest.send_signal(signal.SIGTERM)
             code = ingest.wait(timeout=30)
-            console.print(f"[bold]6.[/bold] ingest stopped on SIGTERM with exit code {code}")
+            console.print(f"[bold]8.[/bold] ingest stopped on SIGTERM with exit code {code}")
 
 
 def _show(settings: Settings, console: Console, ingest: subprocess.Popen[bytes]) -> int:
@@ -144,4 +143,25 @@ def _show(settings: Settings, console: Console, ingest: subprocess.Popen[bytes])
             f"[red]only {len(rows)} of {len(ids)} events arrived in {WAIT_SECONDS}s[/red]"
         )
         return 1
-    return 0
+    return _show_context(settings, console, producer, channel)
+
+
+def _show_context(settings: Settings, console: Console, producer: Producer, channel: str) -> int:
+    """What an adapter sends to the Messages API, then the same after `/context clear`."""
+    reader = ContextReader.from_url(settings.database_url, defaults=settings.conversation)
+    try:
+        ctx = reader.context(AGENT, channel)
+        console.print(
+            f"[bold]6.[/bold] the context for anthropic.messages.create "
+            f"(~{ctx.token_estimate} tokens):"
+        )
+        console.print_json(data=ctx.to_anthropic())
+        cleared = producer.clear(AGENT, channel)
+        after = reader.context(AGENT, channel, wait_for=cleared, timeout=WAIT_SECONDS)
+    finally:
+        reader.close()
+    console.print(
+        f"[bold]7.[/bold] after /context clear: {len(after.messages)} messages "
+        "in the window (the log keeps them)"
+    )
+    return 0 if ctx.messages and not after.messages else 1
