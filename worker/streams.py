@@ -104,11 +104,6 @@ class Streams:
         """Give the shard's lease back (only if we still hold it)."""
         self._release(keys=[keys.lease(shard)], args=[self.consumer])
 
-    def holders(self, shards: int) -> list[str | None]:
-        """Who holds each shard's lease."""
-        raw = self.redis.mget([keys.lease(s) for s in range(shards)])
-        return [h.decode() if h else None for h in raw]
-
     # -- reading --------------------------------------------------------------------
     def ensure_group(self, shard: int) -> None:
         """Create the shard's stream and consumer group if missing."""

@@ -64,15 +64,6 @@ SELECT shard, epoch, last_entry_id, events, updated_at FROM shard_checkpoints OR
 -- name: events_stored
 SELECT coalesce(sum(events), 0)::bigint AS stored FROM shard_checkpoints;
 
--- name: conversation_events
-SELECT position, event_id, thread, seq, kind, occurred_at, recorded_at, payload
-FROM events WHERE agent = %(agent)s AND channel = %(channel)s
-ORDER BY seq LIMIT %(limit)s;
-
--- name: recent_events
-SELECT position, event_id, agent, channel, thread, seq, kind, occurred_at, payload
-FROM events ORDER BY position DESC LIMIT %(limit)s;
-
 -- name: conversation_state
 SELECT cleared_seq, cleared_at, rolling_window, idle_timeout, token_budget, last_activity_at
 FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s;
