@@ -12,7 +12,7 @@ import math
 import threading
 import zlib
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import redis
@@ -156,6 +156,7 @@ class Ingest:
             # Shards are independent: while one thread waits on Postgres (psycopg
             # releases the GIL), another decodes and formats the next shard's batch.
             futures = [self._pool().submit(self.process, s, e) for s, e in work]
+            wait(futures)  # all done before an error closes the connections they use
             for f in futures:
                 f.result()  # re-raises an outage here, in the loop's thread
         else:
