@@ -36,40 +36,22 @@ class ConversationState:
 
 
 @dataclass(frozen=True)
-class WindowQuery:
-    """Where the window of a thread starts."""
+class Window:
+    """Where a conversation's window starts and the token budget it must fit."""
 
-    agent: str
-    channel: str
-    thread: str
-    cutoff: dt.datetime
-    after_seq: int
-    budget: int
     start: dt.datetime
+    budget: int
 
 
 def plan(
-    agent: str,
-    channel: str,
-    thread: str | None,
-    state: ConversationState | None,
-    defaults: ConversationDefaults,
-    now: dt.datetime,
-) -> WindowQuery:
-    """The window: after max(last clear, now - rolling window), for one thread."""
+    state: ConversationState | None, defaults: ConversationDefaults, now: dt.datetime
+) -> Window:
+    """The window starts at max(last clear, now - rolling window); the window query
+    computes the same cut-off in SQL to select the rows."""
     state = state or ConversationState()
-    window = state.rolling_window or defaults.rolling_window
-    cutoff = now - dt.timedelta(seconds=window)
+    cutoff = now - dt.timedelta(seconds=state.rolling_window or defaults.rolling_window)
     start = max(cutoff, state.cleared_at) if state.cleared_at else cutoff
-    return WindowQuery(
-        agent,
-        channel,
-        thread or "",
-        cutoff,
-        state.cleared_seq,
-        state.token_budget or defaults.token_budget,
-        start,
-    )
+    return Window(start, state.token_budget or defaults.token_budget)
 
 
 def preamble(threads: Sequence[tuple[str, int, dt.datetime]]) -> str | None:
@@ -84,7 +66,7 @@ def preamble(threads: Sequence[tuple[str, int, dt.datetime]]) -> str | None:
 
 
 def assemble(
-    q: WindowQuery, rows: Sequence[tuple[Any, ...]], threads: Sequence[tuple[str, int, dt.datetime]]
+    q: Window, rows: Sequence[tuple[Any, ...]], threads: Sequence[tuple[str, int, dt.datetime]]
 ) -> Context:
     """The context from the fetched rows (seq, occurred_at, tokens, role, content)."""
     messages = [
@@ -100,6 +82,12 @@ def _state(row: tuple[Any, ...] | None) -> ConversationState | None:
 def _configure(conn: Any) -> None:
     # jsonb content decoded by msgspec: several times faster than the json module.
     psycopg.types.json.set_json_loads(msgspec.json.decode, conn)
+
+
+def _not_visible(event_id: str, timeout: float) -> NotVisible:
+    return NotVisible(
+        f"event {event_id} was not stored within {timeout}s: is `contextlog ingest` running?"
+    )
 
 
 def _now() -> dt.datetime:
@@ -182,17 +170,14 @@ class ContextReader(_Reader):
                 threads_cur = conn.cursor().execute(query("active_threads"), params)
             state = _state(state_cur.fetchone())
             rows, threads = rows_cur.fetchall(), threads_cur.fetchall()
-        q = plan(agent, channel, thread, state, self.defaults, now)
+        q = plan(state, self.defaults, now)
         return assemble(q, rows, threads)
 
     def _wait(self, conn: Any, event_id: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while conn.execute(query("event_visible"), {"event_id": event_id}).fetchone() is None:
             if time.monotonic() > deadline:
-                raise NotVisible(
-                    f"event {event_id} was not stored within {timeout}s: "
-                    "is `contextlog ingest` running?"
-                )
+                raise _not_visible(event_id, timeout)
             time.sleep(POLL_SECONDS)
 
     def close(self) -> None:
@@ -238,10 +223,7 @@ class AsyncContextReader(_Reader):
                     ).fetchone()
                 ) is None:
                     if time.monotonic() > deadline:
-                        raise NotVisible(
-                            f"event {wait_for} was not stored within {timeout}s: "
-                            "is `contextlog ingest` running?"
-                        )
+                        raise _not_visible(wait_for, timeout)
                     await asyncio.sleep(POLL_SECONDS)
             now = now or self.clock()
             params = _params(agent, channel, thread, now, self.defaults)
@@ -251,7 +233,7 @@ class AsyncContextReader(_Reader):
                 threads_cur = await conn.cursor().execute(query("active_threads"), params)
             state = _state(await state_cur.fetchone())
             rows, threads = await rows_cur.fetchall(), await threads_cur.fetchall()
-        q = plan(agent, channel, thread, state, self.defaults, now)
+        q = plan(state, self.defaults, now)
         return assemble(q, rows, threads)
 
     async def aclose(self) -> None:

@@ -258,12 +258,9 @@ class MemoryEventLog:
             raise Fenced(f"shard {shard}: epoch {epoch} is older than the last writer's")
         if any(a.event.event_id in self.refuse for a in batch):
             raise StorageRefused("refused by the fake")
-        fresh = []
-        for a in batch:
-            if a.event.event_id not in self.ids:
-                self.ids.add(a.event.event_id)
-                fresh.append(a)
+        fresh = [a for a in _unique(batch) if a.event.event_id not in self.ids]
         for a in fresh:
+            self.ids.add(a.event.event_id)
             key = (a.event.agent, a.event.channel)
             self.last_seq[key] += 1
             self.rows.append((self.last_seq[key], a))

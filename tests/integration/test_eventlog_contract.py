@@ -100,11 +100,8 @@ def test_postgres_refusal_is_translated_and_rolls_back(db: str) -> None:
     log.close()
 
 
-def test_migrate_is_idempotent_and_safe_in_parallel(database_url: str) -> None:
-    from tests.support.services import create_database, drop_database
-
-    name = f"contextlog_migrate_{uuid.uuid4().hex[:8]}"
-    url = create_database(database_url, name)  # already migrated once
+def migrate_concurrently(url: str, runs: int = 4) -> tuple[list[list[str]], list[BaseException]]:
+    """Run `migrate` from `runs` threads at once; what each applied, and any errors."""
     results: list[list[str]] = []
     errors: list[BaseException] = []
 
@@ -115,11 +112,20 @@ def test_migrate_is_idempotent_and_safe_in_parallel(database_url: str) -> None:
         except BaseException as e:
             errors.append(e)
 
-    threads = [threading.Thread(target=run) for _ in range(4)]
+    threads = [threading.Thread(target=run) for _ in range(runs)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    return results, errors
+
+
+def test_migrate_is_idempotent_and_safe_in_parallel(database_url: str) -> None:
+    from tests.support.services import create_database, drop_database
+
+    name = f"contextlog_migrate_{uuid.uuid4().hex[:8]}"
+    url = create_database(database_url, name)  # already migrated once
+    results, errors = migrate_concurrently(url)
     drop_database(database_url, name)
     assert errors == [] and results == [[], [], [], []]
 
@@ -130,21 +136,10 @@ def test_migrate_in_parallel_on_an_empty_database(database_url: str) -> None:
     name = f"contextlog_empty_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(database_url, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
-    url = with_database(database_url, name)
-    results: list[list[str]] = []
-
-    def run() -> None:
-        with psycopg.connect(url) as conn:
-            results.append(migrate(conn))
-
-    threads = [threading.Thread(target=run) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results, errors = migrate_concurrently(with_database(database_url, name))
     drop_database(database_url, name)
     every = [f"{m.version:03d}_{m.name}" for m in migrations()]
-    assert sorted(results, key=len) == [[], [], [], every]
+    assert errors == [] and sorted(results, key=len) == [[], [], [], every]
 
 
 def test_text_that_copy_would_misread_is_stored_verbatim(db: str) -> None:
