@@ -1,0 +1,330 @@
+"""Receive an adapter's notifications (`contextlog:out:{source}`) through a consumer group.
+
+Delivery is at least once: a notice is delivered again (to the same consumer name, after a
+restart) until it is acknowledged, so handle each one idempotently, keyed by `notice_id`.
+
+    notes = Notifications.from_url(redis_url, "discord", consumer="bot-1")
+    for notice in notes:              # blocks; acks each notice once the loop body is done
+        ...
+
+or `read()` a batch and `ack()` it when handled. A notice left unacknowledged by a
+consumer that never comes back under the same name stays pending in the group, so give a
+stable `consumer=` when the default (hostname-pid) changes on every restart.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import AsyncGenerator, Generator, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Final
+
+import redis
+import redis.asyncio as aioredis
+import structlog
+
+from schema import keys
+from schema.errors import EventRejected, Unavailable
+from schema.notices import ENTRY_FIELD, MALFORMED, Notice, decode
+
+log = structlog.get_logger("contextlog.notifications")
+
+DEFAULT_GROUP: Final = "adapter"
+DEFAULT_COUNT: Final = 100
+DEFAULT_BLOCK_MS: Final = 1000
+_FIELDS: Final = (ENTRY_FIELD.encode(), ENTRY_FIELD)  # bytes replies, or decode_responses
+
+Entry = tuple[str, Mapping[Any, Any]]  # (entry id, fields); no fields: trimmed while pending
+
+
+def default_consumer() -> str:
+    """This process's consumer name: hostname-pid."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _str(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _entries(reply: Any) -> list[Entry]:
+    """The entries of a one-stream XREADGROUP reply, in any shape redis-py 8 gives it:
+    `[[stream, entries]]` (legacy, the default), `{stream: entries}` (legacy_responses=False)
+    or `{stream: [entries]}` (protocol=3 with legacy responses)."""
+    if not reply:
+        return []
+    groups = reply.values() if isinstance(reply, dict) else [item[1] for item in reply]
+    out: list[Entry] = []
+    for group in groups:
+        for item in group or []:
+            for entry_id, fields in item if isinstance(item, list) else [item]:
+                if entry_id is not None:  # a nil entry carries no id to acknowledge
+                    out.append((_str(entry_id), fields or {}))
+    return out
+
+
+def _missing_group(error: redis.ResponseError) -> bool:
+    return "NOGROUP" in str(error)
+
+
+@contextmanager
+def _translated(doing: str) -> Iterator[None]:
+    try:
+        yield
+    except redis.RedisError as e:
+        raise Unavailable(f"could not {doing} notifications on Redis: {e}") from e
+
+
+class _Core:
+    """What the sync and asyncio consumers share: cursor, decoding, the ack bookkeeping."""
+
+    def __init__(self, source: str, group: str, consumer: str | None) -> None:
+        self.source = source
+        self.stream = keys.outbox(source)
+        self.group = group
+        self.consumer = consumer or default_consumer()
+        self._group_ready = False
+        self._closed = False
+        # Where the replay of our own pending entries continues; None once it is done.
+        self._after: str | None = "0"
+        # notice_id -> entry ids delivered and not yet acked (a notice published twice
+        # has two entries, and acking the notice acks both).
+        self._unacked: dict[str, set[str]] = {}
+
+    def _advance(self, entries: list[Entry], count: int) -> None:
+        """After a replayed page: go on after it, or read new entries once a page is short."""
+        self._after = entries[-1][0] if len(entries) >= count else None
+
+    def _rewind(self) -> None:
+        """Replay our pending entries on the next read (after `listen` was left)."""
+        self._after = "0"
+
+    def _accept(self, entries: list[Entry]) -> tuple[list[Notice], list[str]]:
+        """The notices among `entries`, and the ids of entries to drop (acked unread)."""
+        notices: list[Notice] = []
+        bad: list[str] = []
+        for entry_id, fields in entries:
+            notice = self._decode(entry_id, fields)
+            if notice is None:
+                bad.append(entry_id)
+                continue
+            self._unacked.setdefault(notice.notice_id, set()).add(entry_id)
+            notices.append(notice)
+        return notices, bad
+
+    def _decode(self, entry_id: str, fields: Mapping[Any, Any]) -> Notice | None:
+        # One bad entry must never stop an adapter: it is logged, acked and skipped.
+        data = next((fields[f] for f in _FIELDS if f in fields), None)
+        try:
+            if data is None:
+                raise EventRejected(MALFORMED, "trimmed before it was read, or no 'n' field")
+            return decode(data.encode() if isinstance(data, str) else data)
+        except EventRejected as e:
+            log.warning(
+                "skipping a bad notification",
+                stream=self.stream,
+                entry_id=entry_id,
+                reason=e.reason,
+                detail=e.detail,
+            )
+            return None
+
+    def _take(self, notices: Iterable[Notice]) -> list[str]:
+        """The entry ids to acknowledge for `notices`, forgotten from the bookkeeping."""
+        return [i for n in notices for i in sorted(self._unacked.pop(n.notice_id, ()))]
+
+
+class Notifications(_Core):
+    """Synchronous consumer of one adapter's notifications."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        source: str,
+        *,
+        group: str = DEFAULT_GROUP,
+        consumer: str | None = None,
+    ) -> None:
+        super().__init__(source, group, consumer)
+        # redis-py types replies as unions over every decode mode; `_entries` handles each.
+        self.redis: Any = client
+
+    @classmethod
+    def from_url(
+        cls,
+        redis_url: str,
+        source: str,
+        *,
+        group: str = DEFAULT_GROUP,
+        consumer: str | None = None,
+    ) -> Notifications:
+        """A consumer on the Redis at `redis_url` (its database number is honoured)."""
+        return cls(redis.Redis.from_url(redis_url), source, group=group, consumer=consumer)
+
+    def read(
+        self, count: int = DEFAULT_COUNT, block_ms: int | None = DEFAULT_BLOCK_MS
+    ) -> list[Notice]:
+        """Up to `count` notices: first our own unacknowledged ones, then new ones, waiting
+        up to `block_ms` for them (None: do not wait; 0: wait forever). May be empty."""
+        with _translated("read"):
+            if self._after is not None:
+                entries = self._xread(self._after, count, None)
+                self._advance(entries, count)
+                if entries:
+                    return self._keep(entries)
+            return self._keep(self._xread(">", count, block_ms))
+
+    def ack(self, notices: Iterable[Notice]) -> int:
+        """Acknowledge handled notices so they are not delivered again; returns entries acked."""
+        ids = self._take(notices)
+        if not ids:
+            return 0
+        with _translated("acknowledge"):
+            return int(self.redis.xack(self.stream, self.group, *ids))
+
+    def listen(self, *, block_ms: int = DEFAULT_BLOCK_MS) -> Generator[Notice, None, None]:
+        """Notices one at a time, forever (until `close`); each is acked when the caller
+        asks for the next one, so a notice whose handling raised is delivered again."""
+        try:
+            while not self._closed:
+                for notice in self.read(block_ms=block_ms):
+                    yield notice
+                    self.ack([notice])
+        except Unavailable:
+            if not self._closed:  # closed from another thread while blocked: just stop
+                raise
+        finally:
+            self._rewind()
+
+    def __iter__(self) -> Generator[Notice, None, None]:
+        return self.listen()
+
+    def close(self) -> None:
+        """Stop `listen` and close the Redis connections."""
+        self._closed = True
+        self.redis.close()
+
+    def _keep(self, entries: list[Entry]) -> list[Notice]:
+        notices, bad = self._accept(entries)
+        if bad:
+            self.redis.xack(self.stream, self.group, *bad)
+        return notices
+
+    def _xread(self, after: str, count: int, block_ms: int | None) -> list[Entry]:
+        if not self._group_ready:
+            self._create_group()
+        args = (self.group, self.consumer, {self.stream: after})
+        try:
+            return _entries(self.redis.xreadgroup(*args, count=count, block=block_ms))
+        except redis.ResponseError as e:
+            if not _missing_group(e):
+                raise
+        # The stream or the group was deleted under us (FLUSHDB, DEL): start it again.
+        log.warning("notification group missing, recreating", stream=self.stream)
+        self._create_group()
+        return _entries(self.redis.xreadgroup(*args, count=count, block=block_ms))
+
+    def _create_group(self) -> None:
+        try:
+            self.redis.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+        except redis.ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
+        self._group_ready = True
+
+
+class AsyncNotifications(_Core):
+    """asyncio consumer of one adapter's notifications: `async for notice in notes:`."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        source: str,
+        *,
+        group: str = DEFAULT_GROUP,
+        consumer: str | None = None,
+    ) -> None:
+        super().__init__(source, group, consumer)
+        self.redis: Any = client
+
+    @classmethod
+    def from_url(
+        cls,
+        redis_url: str,
+        source: str,
+        *,
+        group: str = DEFAULT_GROUP,
+        consumer: str | None = None,
+    ) -> AsyncNotifications:
+        """A consumer on the Redis at `redis_url` (its database number is honoured)."""
+        return cls(aioredis.Redis.from_url(redis_url), source, group=group, consumer=consumer)
+
+    async def read(
+        self, count: int = DEFAULT_COUNT, block_ms: int | None = DEFAULT_BLOCK_MS
+    ) -> list[Notice]:
+        """Up to `count` notices: first our own unacknowledged ones, then new ones, waiting
+        up to `block_ms` for them (None: do not wait; 0: wait forever). May be empty."""
+        with _translated("read"):
+            if self._after is not None:
+                entries = await self._xread(self._after, count, None)
+                self._advance(entries, count)
+                if entries:
+                    return await self._keep(entries)
+            return await self._keep(await self._xread(">", count, block_ms))
+
+    async def ack(self, notices: Iterable[Notice]) -> int:
+        """Acknowledge handled notices so they are not delivered again; returns entries acked."""
+        ids = self._take(notices)
+        if not ids:
+            return 0
+        with _translated("acknowledge"):
+            return int(await self.redis.xack(self.stream, self.group, *ids))
+
+    async def listen(self, *, block_ms: int = DEFAULT_BLOCK_MS) -> AsyncGenerator[Notice, None]:
+        """Notices one at a time, until `aclose` or cancellation; each is acked when the
+        caller asks for the next one, so a notice whose handling raised comes again."""
+        try:
+            while not self._closed:
+                for notice in await self.read(block_ms=block_ms):
+                    yield notice
+                    await self.ack([notice])
+        except Unavailable:
+            if not self._closed:  # closed by another task while blocked: just stop
+                raise
+        finally:
+            self._rewind()
+
+    def __aiter__(self) -> AsyncGenerator[Notice, None]:
+        return self.listen()
+
+    async def aclose(self) -> None:
+        """Stop `listen` and close the Redis connections."""
+        self._closed = True
+        await self.redis.aclose()
+
+    async def _keep(self, entries: list[Entry]) -> list[Notice]:
+        notices, bad = self._accept(entries)
+        if bad:
+            await self.redis.xack(self.stream, self.group, *bad)
+        return notices
+
+    async def _xread(self, after: str, count: int, block_ms: int | None) -> list[Entry]:
+        if not self._group_ready:
+            await self._create_group()
+        args = (self.group, self.consumer, {self.stream: after})
+        try:
+            return _entries(await self.redis.xreadgroup(*args, count=count, block=block_ms))
+        except redis.ResponseError as e:
+            if not _missing_group(e):
+                raise
+        log.warning("notification group missing, recreating", stream=self.stream)
+        await self._create_group()
+        return _entries(await self.redis.xreadgroup(*args, count=count, block=block_ms))
+
+    async def _create_group(self) -> None:
+        try:
+            await self.redis.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+        except redis.ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
+        self._group_ready = True
