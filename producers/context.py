@@ -192,27 +192,27 @@ def _strip_trailing_space(turn: Turn) -> None:
         turn.blocks.pop()
 
 
-def _units(turns: list[Turn]) -> list[list[Turn]]:
-    """Cut points: a unit starts at each user turn that answers no tool call."""
-    units: list[list[Turn]] = []
+def units(turns: list[Turn]) -> list[list[Turn]]:
+    """Exchanges: a unit starts at each user turn that answers no tool call."""
+    out: list[list[Turn]] = []
     for t in turns:
         clean_start = t.role == "user" and not any(b.get("type") == "tool_result" for b in t.blocks)
-        if clean_start or not units:
-            units.append([t])
+        if clean_start or not out:
+            out.append([t])
         else:
-            units[-1].append(t)
-    return units
+            out[-1].append(t)
+    return out
 
 
 def fit_budget(turns: list[Turn], budget: int) -> tuple[list[Turn], bool]:
     """Drop the oldest whole exchanges until the estimate fits; the newest always stays."""
-    units = _units(turns)
+    kept = units(turns)
     total = sum(t.tokens for t in turns)
     dropped = False
-    while len(units) > 1 and total > budget:
-        total -= sum(t.tokens for t in units.pop(0))
+    while len(kept) > 1 and total > budget:
+        total -= sum(t.tokens for t in kept.pop(0))
         dropped = True
-    return [t for unit in units for t in unit], dropped
+    return [t for unit in kept for t in unit], dropped
 
 
 def build_context(

@@ -16,6 +16,16 @@ import psycopg.types.json
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from producers.context import Context, StoredMessage, build_context
+from producers.history import (
+    PER_PAGE,
+    SessionInfo,
+    SessionMessage,
+    SessionPage,
+    page_params,
+    pick,
+    to_messages,
+    to_page,
+)
 from schema.defaults import ConversationDefaults
 from schema.errors import NotVisible, Unavailable
 from schema.queries import query
@@ -33,6 +43,10 @@ class ConversationState:
     idle_timeout: int | None = None
     token_budget: int | None = None
     last_activity_at: dt.datetime | None = None
+    restored_session: str | None = None  # while its restore is within the window
+    restored_saved_at: dt.datetime | None = None
+    restored_summary: str | None = None
+    compaction_summary: str | None = None  # of this thread's older, compacted part
 
 
 @dataclass(frozen=True)
@@ -54,25 +68,48 @@ def plan(
     return Window(start, state.token_budget or defaults.token_budget)
 
 
-def preamble(threads: Sequence[tuple[str, int, dt.datetime]]) -> str | None:
-    """The system text telling the model about the conversation's other active threads."""
-    if not threads:
-        return None
-    lines = ["Other active threads in this conversation:"]
-    for name, count, last in threads:
-        label = "main line" if name == "" else f"thread {name}"
-        lines.append(f"- {label}: {count} messages, last activity {last:%Y-%m-%d %H:%M UTC}")
-    return "\n".join(lines)
+def preamble(
+    state: ConversationState | None, threads: Sequence[tuple[str, int, dt.datetime]]
+) -> str | None:
+    """The system text: a resumed session and its summary, the summary of the compacted
+    older part, the conversation's other active threads."""
+    parts = []
+    if state is not None and state.restored_session:
+        saved = state.restored_saved_at
+        when = f" (saved {saved:%Y-%m-%d %H:%M UTC})" if saved else ""
+        summary = state.restored_summary or "(its summary is still being written)"
+        parts.append(
+            f"Resumed saved session {state.restored_session}{when}. Its summary: {summary}"
+        )
+    if state is not None and state.compaction_summary:
+        parts.append(
+            f"Summary of the earlier part of this conversation: {state.compaction_summary}"
+        )
+    if threads:
+        lines = ["Other active threads in this conversation:"]
+        for name, count, last in threads:
+            label = "main line" if name == "" else f"thread {name}"
+            lines.append(f"- {label}: {count} messages, last activity {last:%Y-%m-%d %H:%M UTC}")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) or None
+
+
+def stored(rows: Sequence[tuple[Any, ...]]) -> list[StoredMessage]:
+    """Window rows (seq, occurred_at, tokens, role, content) as messages."""
+    return [
+        StoredMessage(seq, role, content, tokens, at) for seq, at, tokens, role, content in rows
+    ]
 
 
 def assemble(
-    q: Window, rows: Sequence[tuple[Any, ...]], threads: Sequence[tuple[str, int, dt.datetime]]
+    state: ConversationState | None,
+    q: Window,
+    rows: Sequence[tuple[Any, ...]],
+    threads: Sequence[tuple[str, int, dt.datetime]],
 ) -> Context:
     """The context from the fetched rows (seq, occurred_at, tokens, role, content)."""
-    messages = [
-        StoredMessage(seq, role, content, tokens, at) for seq, at, tokens, role, content in rows
-    ]
-    return build_context(messages, budget=q.budget, system=preamble(threads), window_start=q.start)
+    system = preamble(state, threads)
+    return build_context(stored(rows), budget=q.budget, system=system, window_start=q.start)
 
 
 def _state(row: tuple[Any, ...] | None) -> ConversationState | None:
@@ -94,7 +131,7 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def _params(
+def window_params(
     agent: str, channel: str, thread: str | None, now: dt.datetime, defaults: ConversationDefaults
 ) -> dict[str, Any]:
     return {
@@ -140,7 +177,8 @@ class ContextReader(_Reader):
         pool = ConnectionPool(url, configure=_configure, **_POOL)
         return cls(pool, **kwargs)
 
-    def _conn(self) -> Any:
+    def connection(self) -> Any:
+        """A pooled connection (a context manager); the pool opens on first use."""
         if self.pool.closed:
             try:
                 self.pool.open(wait=True, timeout=10)
@@ -160,8 +198,8 @@ class ContextReader(_Reader):
     ) -> Context:
         """The context of one thread (or the main line), valid for the Messages API."""
         now = now or self.clock()
-        params = _params(agent, channel, thread, now, self.defaults)
-        with self._conn() as conn:
+        params = window_params(agent, channel, thread, now, self.defaults)
+        with self.connection() as conn:
             if wait_for is not None:
                 self._wait(conn, wait_for, timeout)
             with conn.pipeline():  # the three reads in one round trip
@@ -170,8 +208,39 @@ class ContextReader(_Reader):
                 threads_cur = conn.cursor().execute(query("active_threads"), params)
             state = _state(state_cur.fetchone())
             rows, threads = rows_cur.fetchall(), threads_cur.fetchall()
-        q = plan(state, self.defaults, now)
-        return assemble(q, rows, threads)
+        return assemble(state, plan(state, self.defaults, now), rows, threads)
+
+    def sessions(
+        self, agent: str, channel: str | None = None, *, page: int = 1, per_page: int = PER_PAGE
+    ) -> SessionPage:
+        """Saved sessions of a conversation (or of all the agent's channels), newest first."""
+        params = page_params(agent, channel, page, per_page)
+        with self.connection() as conn:
+            rows = conn.execute(query("list_sessions"), params).fetchall()
+        return to_page(rows, page, per_page)
+
+    def session(
+        self, session_id: str, *, agent: str | None = None, channel: str | None = None
+    ) -> SessionInfo:
+        """One live session; `Refused` if unknown, deleted, or of another conversation."""
+        return self._session(session_id, agent, channel)[0]
+
+    def session_messages(
+        self, session_id: str, *, agent: str | None = None, channel: str | None = None
+    ) -> tuple[SessionInfo, list[SessionMessage]]:
+        """A session and its messages, oldest first (what export writes)."""
+        info, seqs = self._session(session_id, agent, channel)
+        params = {"agent": info.agent, "channel": info.channel, "seqs": seqs}
+        with self.connection() as conn:
+            rows = conn.execute(query("session_messages"), params).fetchall()
+        return info, to_messages(rows)
+
+    def _session(
+        self, session_id: str, agent: str | None, channel: str | None
+    ) -> tuple[SessionInfo, list[int]]:
+        with self.connection() as conn:
+            rows = conn.execute(query("get_session"), {"session_id": session_id}).fetchall()
+        return pick(rows, session_id, agent, channel)
 
     def _wait(self, conn: Any, event_id: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -209,12 +278,7 @@ class AsyncContextReader(_Reader):
         now: dt.datetime | None = None,
     ) -> Context:
         """The context of one thread (or the main line), valid for the Messages API."""
-        if self.pool.closed:
-            try:
-                await self.pool.open(wait=True, timeout=10)
-            except psycopg.Error as e:
-                raise Unavailable(f"Postgres: {e}") from e
-        async with self.pool.connection() as conn:
+        async with await self._aconn() as conn:
             if wait_for is not None:
                 deadline = time.monotonic() + timeout
                 while (
@@ -226,15 +290,40 @@ class AsyncContextReader(_Reader):
                         raise _not_visible(wait_for, timeout)
                     await asyncio.sleep(POLL_SECONDS)
             now = now or self.clock()
-            params = _params(agent, channel, thread, now, self.defaults)
+            params = window_params(agent, channel, thread, now, self.defaults)
             async with conn.pipeline():  # the three reads in one round trip
                 state_cur = await conn.execute(query("conversation_state"), params)
                 rows_cur = await conn.cursor().execute(query("window_messages"), params)
                 threads_cur = await conn.cursor().execute(query("active_threads"), params)
             state = _state(await state_cur.fetchone())
             rows, threads = await rows_cur.fetchall(), await threads_cur.fetchall()
-        q = plan(state, self.defaults, now)
-        return assemble(q, rows, threads)
+        return assemble(state, plan(state, self.defaults, now), rows, threads)
+
+    async def sessions(
+        self, agent: str, channel: str | None = None, *, page: int = 1, per_page: int = PER_PAGE
+    ) -> SessionPage:
+        """Saved sessions of a conversation (or of all the agent's channels), newest first."""
+        params = page_params(agent, channel, page, per_page)
+        async with await self._aconn() as conn:
+            rows = await (await conn.execute(query("list_sessions"), params)).fetchall()
+        return to_page(rows, page, per_page)
+
+    async def session(
+        self, session_id: str, *, agent: str | None = None, channel: str | None = None
+    ) -> SessionInfo:
+        """One live session; `Refused` if unknown, deleted, or of another conversation."""
+        async with await self._aconn() as conn:
+            cur = await conn.execute(query("get_session"), {"session_id": session_id})
+            rows = await cur.fetchall()
+        return pick(rows, session_id, agent, channel)[0]
+
+    async def _aconn(self) -> Any:
+        if self.pool.closed:
+            try:
+                await self.pool.open(wait=True, timeout=10)
+            except psycopg.Error as e:
+                raise Unavailable(f"Postgres: {e}") from e
+        return self.pool.connection()
 
     async def aclose(self) -> None:
         """Close the pool."""

@@ -8,7 +8,7 @@ from typing import Final
 import msgspec
 
 from schema.errors import EventRejected, EventTooLarge
-from schema.events import NAMES_OF, AnyEvent, Event, MessagePosted, ToolUseBlock
+from schema.events import NAMES_OF, AnyEvent, Event, MessageImported, MessagePosted, ToolUseBlock
 
 ENTRY_FIELD: Final = b"e"
 DEFAULT_MAX_ENTRY_BYTES: Final = 256 * 1024
@@ -78,7 +78,7 @@ def _check_semantics(event: AnyEvent) -> None:
     """Rules msgspec's type system cannot say: names without control characters, and a
     tool's input must be a JSON object."""
     _check_names(event)
-    if not isinstance(event, MessagePosted) or isinstance(event.content, str):
+    if not isinstance(event, MessagePosted | MessageImported) or isinstance(event.content, str):
         return
     for i, block in enumerate(event.content):
         if isinstance(block, ToolUseBlock) and bytes(block.input).lstrip()[:1] != b"{":

@@ -9,7 +9,8 @@ ContextlogError
 ├── Fenced               this ingest lost its shard to a newer owner
 ├── Conflict             another writer stored some of the same events meanwhile
 ├── StorageRefused       the database refused an event the contract accepted
-└── NotVisible           a read waited for an event that was not stored in time
+├── NotVisible           a read waited for an event that was not stored in time
+└── Refused              a request about sessions cannot be done (unknown, foreign, bad file)
 """
 
 from __future__ import annotations
@@ -58,3 +59,8 @@ class StorageRefused(ContextlogError):
 
 class NotVisible(ContextlogError):
     """Raised when a read's `wait_for` event was not stored within its timeout."""
+
+
+class Refused(ContextlogError):
+    """Raised when a session request is refused: no such session, a session of another
+    conversation, or an import file that is not a valid export; the message says which."""

@@ -116,6 +116,7 @@ class SessionSaveRequested(Event, frozen=True, kw_only=True, tag="save.v1"):
     description: Description | None = None
     provider: Name | None = None
     model: Name | None = None
+    auto: bool = False  # an idle-timeout save, not a user's command
 
 
 class SessionRestoreRequested(Event, frozen=True, kw_only=True, tag="restore.v1"):
@@ -144,6 +145,49 @@ class Configured(Event, frozen=True, kw_only=True, tag="configure.v1"):
     token_budget: Annotated[int, Meta(ge=1, le=MAX_TOKEN_BUDGET)] | None = None
 
 
+class SummaryGenerated(Event, frozen=True, kw_only=True, tag="summary.v1"):
+    """A saved session's summary, written by a `summaries` job."""
+
+    session_id: SessionRef
+    summary: Text
+    local: bool = False  # made by the local summarizer (no ANTHROPIC_API_KEY)
+    failed: bool = False  # the API kept failing; `summary` says so
+
+
+class ContextCompacted(Event, frozen=True, kw_only=True, tag="compaction.v1"):
+    """The oldest part of a thread's window, seq <= `through_seq`, replaced by a summary."""
+
+    through_seq: Annotated[int, Meta(ge=0)]  # 0: nothing compacted, tokens re-counted
+    # The conversation's cleared_seq when the job read the window: if a clear or
+    # restore came since, the compaction no longer applies and is ignored.
+    base_seq: Annotated[int, Meta(ge=0)] = 0
+    seen_seq: Annotated[int, Meta(ge=0)] = 0  # the newest message the job read
+    remaining_tokens: Annotated[int, Meta(ge=0)] = 0  # of the window after the cut
+    summary: Text = ""
+    local: bool = False
+
+
+class MessageImported(Event, frozen=True, kw_only=True, tag="imported_message.v1"):
+    """A message of an imported session: in the log, but never in a live window."""
+
+    import_id: uuid.UUID
+    role: Role
+    content: Content
+    original_at: Annotated[dt.datetime, Meta(tz=True)] | None = None
+
+
+class SessionImported(Event, frozen=True, kw_only=True, tag="session_imported.v1"):
+    """Creates a session from the `imported_message.v1` events of `import_id`."""
+
+    import_id: uuid.UUID
+    session_id: SessionRef  # the id it had where it was exported; kept when free
+    message_count: Annotated[int, Meta(ge=1, le=1_000_000)]
+    description: Description | None = None
+    summary: Text | None = None
+    created_at: Annotated[dt.datetime, Meta(tz=True)] | None = None
+    auto: bool = False
+
+
 AnyEvent: TypeAlias = (
     MessagePosted
     | ContextCleared
@@ -152,6 +196,10 @@ AnyEvent: TypeAlias = (
     | SessionDeleteRequested
     | SessionsPurgeRequested
     | Configured
+    | SummaryGenerated
+    | ContextCompacted
+    | MessageImported
+    | SessionImported
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -162,10 +210,14 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     SessionDeleteRequested,
     SessionsPurgeRequested,
     Configured,
+    SummaryGenerated,
+    ContextCompacted,
+    MessageImported,
+    SessionImported,
 )
 
 
-_TAGS: dict[type, str] = {cls: str(cls.__struct_config__.tag) for cls in EVENT_TYPES}
+TAGS: dict[type, str] = {cls: str(cls.__struct_config__.tag) for cls in EVENT_TYPES}
 # The name fields each event type has: checked for control characters on every decode.
 NAMES_OF: dict[type, tuple[str, ...]] = {
     cls: tuple(f for f in NAME_FIELDS if f in cls.__struct_fields__) for cls in EVENT_TYPES
@@ -174,4 +226,4 @@ NAMES_OF: dict[type, tuple[str, ...]] = {
 
 def kind_of(event: Event) -> str:
     """The versioned tag of an event, as stored in the log's `kind` column."""
-    return _TAGS[type(event)]
+    return TAGS[type(event)]

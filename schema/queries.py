@@ -22,12 +22,17 @@ class Migration:
 
 @cache
 def queries() -> dict[str, str]:
-    """All named queries of `sql/queries.sql`, by name."""
-    text = resources.files("schema").joinpath("sql/queries.sql").read_text("utf-8")
-    parts = _NAME.split(text)
-    return {
-        name: body.strip().rstrip(";") for name, body in zip(parts[1::2], parts[2::2], strict=True)
-    }
+    """All named queries of the non-migration `.sql` files in `sql/`, by name."""
+    found: dict[str, str] = {}
+    for entry in sorted(resources.files("schema").joinpath("sql").iterdir(), key=str):
+        if not entry.name.endswith(".sql") or _MIGRATION.match(entry.name):
+            continue
+        parts = _NAME.split(entry.read_text("utf-8"))
+        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+            if name in found:
+                raise ValueError(f"query {name!r} is defined twice (in {entry.name})")
+            found[name] = body.strip().rstrip(";")
+    return found
 
 
 def query(name: str) -> str:

@@ -5,20 +5,28 @@ Nothing connects at import time; every process (and every forked child) calls th
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import psycopg
 import redis
 from psycopg.rows import TupleRow
 
+from producers.producer import Producer
+from producers.reader import ContextReader
 from schema import keys
 from schema.errors import ConfigError, Unavailable
 from worker.clock import Clock, SystemClock
 from worker.config import Settings
 from worker.eventlog import EventLog, PostgresEventLog, migrate
 from worker.ingest import Ingest
+from worker.jobs import Jobs
+from worker.notify import RedisNotifier
+from worker.relay import Relay
 from worker.streams import Streams
+from worker.summarize import AnthropicSummarizer, LocalSummarizer, Summarizer, make_client
 
 PgConn = psycopg.Connection[TupleRow]
 
@@ -39,17 +47,77 @@ def pg_connector(settings: Settings) -> Callable[[], PgConn]:
     return connect
 
 
-def open_event_log(settings: Settings) -> Callable[[], EventLog]:
+def relay(settings: Settings, client: redis.Redis | None = None) -> Relay:
+    """Where committed effects go: notices to adapter streams, jobs to RQ."""
+    client = client or redis_client(settings)
+    timeout = int(settings.summary_timeout * settings.summary_attempts * 2) + 60
+    return Relay(RedisNotifier(client), Jobs(client, job_timeout=timeout))
+
+
+def open_event_log(settings: Settings, client: redis.Redis | None = None) -> Callable[[], EventLog]:
     """A function opening the Postgres event log; connection failures become `Unavailable`."""
     connect = pg_connector(settings)
+    effects = relay(settings, client)
 
     def open_log() -> EventLog:
         try:
-            return PostgresEventLog(connect())
+            return PostgresEventLog(connect(), defaults=settings.conversation, relay=effects)
         except psycopg.OperationalError as e:
             raise Unavailable(f"Postgres: {e}") from e
 
     return open_log
+
+
+@dataclass
+class Resources:
+    """What jobs use: built once per worker process (after any fork)."""
+
+    settings: Settings
+    reader: ContextReader
+    producer: Producer
+    summarizer: Summarizer
+    clock: Clock
+
+
+def summarizer(settings: Settings) -> Summarizer:
+    """The Anthropic summarizer when ANTHROPIC_API_KEY is set, the local one otherwise."""
+    if not settings.anthropic_api_key:
+        return LocalSummarizer()
+    client = make_client(
+        settings.anthropic_api_key,
+        base_url=settings.anthropic_base_url,
+        timeout=settings.summary_timeout,
+    )
+    return AnthropicSummarizer(client, settings.summary_model, attempts=settings.summary_attempts)
+
+
+def build_resources(settings: Settings, clock: Clock | None = None) -> Resources:
+    """Resources for jobs; nothing connects until first used."""
+    return Resources(
+        settings=settings,
+        reader=ContextReader.from_url(settings.database_url, defaults=settings.conversation),
+        producer=Producer(redis_client(settings), shards=settings.shards),
+        summarizer=summarizer(settings),
+        clock=clock or SystemClock(),
+    )
+
+
+_resources: dict[int, Resources] = {}  # by pid: a forked child builds its own
+
+
+def install(res: Resources) -> None:
+    """Make `res` what this process's jobs use (`contextlog worker` and tests)."""
+    _resources.clear()
+    _resources[os.getpid()] = res
+
+
+def resources() -> Resources:
+    """This process's job resources, built from the environment on first use."""
+    res = _resources.get(os.getpid())
+    if res is None:
+        res = build_resources(Settings.from_env())
+        install(res)
+    return res
 
 
 def run_migrations(settings: Settings) -> list[str]:
@@ -76,4 +144,4 @@ def build_ingest(
     client = redis_client(settings)
     claim_shard_count(client, settings.shards)
     streams = Streams(client, settings.consumer)
-    return Ingest(settings, streams, open_event_log(settings), clock or SystemClock(), stop)
+    return Ingest(settings, streams, open_event_log(settings, client), clock or SystemClock(), stop)

@@ -212,7 +212,11 @@ def cmd_rebuild(settings: Settings, args: argparse.Namespace) -> int:
     bootstrap.run_migrations(settings)
     with bootstrap.pg_connector(settings)() as conn, Progress(console=console) as bar:
         task = bar.add_task("replaying events", total=None)
-        done = rebuild(conn, lambda n, total: bar.update(task, completed=n, total=total))
+        done = rebuild(
+            conn,
+            lambda n, total: bar.update(task, completed=n, total=total),
+            defaults=settings.conversation,
+        )
     console.print(f"rebuilt conversations and threads from {done} events")
     return 0
 

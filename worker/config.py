@@ -22,6 +22,9 @@ DEFAULT_LEASE_SECONDS: Final = 15.0
 DEFAULT_BLOCK_MS: Final = 500
 DEFAULT_TRIM_SECONDS: Final = 5.0
 DEFAULT_BACKOFF_MAX: Final = 10.0
+DEFAULT_SUMMARY_MODEL: Final = "claude-haiku-4-5"
+DEFAULT_SUMMARY_ATTEMPTS: Final = 4
+DEFAULT_SUMMARY_TIMEOUT: Final = 30.0
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 LOG_FORMATS: Final = ("json", "console")
 
@@ -47,6 +50,12 @@ class Settings:
     log_level: str = "info"
     log_format: str = "json"
     conversation: ConversationDefaults = dataclasses.field(default_factory=ConversationDefaults)
+    # Summaries: without an API key a local, deterministic summarizer is used.
+    anthropic_api_key: str | None = dataclasses.field(default=None, repr=False)
+    anthropic_base_url: str | None = None
+    summary_model: str = DEFAULT_SUMMARY_MODEL
+    summary_attempts: int = DEFAULT_SUMMARY_ATTEMPTS
+    summary_timeout: float = DEFAULT_SUMMARY_TIMEOUT
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -79,6 +88,15 @@ class Settings:
             log_level=r.get("CONTEXTLOG_LOG_LEVEL", "info", _choice(LOG_LEVELS)),
             log_format=r.get("CONTEXTLOG_LOG_FORMAT", "json", _choice(LOG_FORMATS)),
             conversation=ConversationDefaults.from_env(env),
+            anthropic_api_key=r.get("ANTHROPIC_API_KEY", None, _secret),
+            anthropic_base_url=r.get("ANTHROPIC_BASE_URL", None, _http_url),
+            summary_model=r.get("CONTEXTLOG_SUMMARY_MODEL", DEFAULT_SUMMARY_MODEL, _name),
+            summary_attempts=r.get(
+                "CONTEXTLOG_SUMMARY_ATTEMPTS", DEFAULT_SUMMARY_ATTEMPTS, _int_in(1, 20)
+            ),
+            summary_timeout=r.get(
+                "CONTEXTLOG_SUMMARY_TIMEOUT", DEFAULT_SUMMARY_TIMEOUT, _float_in(0.1, 600)
+            ),
         )
 
 
@@ -107,6 +125,19 @@ def _redis_url(name: str, raw: str) -> str:
 def _database_url(name: str, raw: str) -> str:
     if urlsplit(raw).scheme not in ("postgresql", "postgres"):
         raise ConfigError(f"{name} is not a postgresql:// URL: {raw!r}")
+    return raw
+
+
+def _secret(name: str, raw: str) -> str:
+    if not raw.isprintable() or " " in raw:
+        # The value itself is never echoed: it is a secret.
+        raise ConfigError(f"{name} holds spaces or control characters; check how it was set")
+    return raw
+
+
+def _http_url(name: str, raw: str) -> str:
+    if urlsplit(raw).scheme not in ("http", "https"):
+        raise ConfigError(f"{name} is not an http:// or https:// URL: {raw!r}")
     return raw
 
 

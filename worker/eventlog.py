@@ -8,14 +8,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
+import msgspec
 import psycopg
+import redis
+import structlog
 from psycopg.rows import TupleRow
 
 from producers.context import estimate_tokens
 from schema import events as ev
+from schema.defaults import ConversationDefaults
 from schema.errors import Conflict, Fenced, MigrationError, StorageRefused, Unavailable
 from schema.queries import migrations, query
 from worker import projection
+from worker.handlers import COMMANDS, COMPACT, Effect, handle
+from worker.relay import Relay
+
+log = structlog.get_logger("contextlog.eventlog")
 
 # pg_advisory_xact_lock key of `contextlog migrate`: two processes migrating at once
 # queue on it instead of racing on CREATE TABLE.
@@ -74,6 +82,10 @@ class EventLog(Protocol):
         """The last committed lease epoch of each shard."""
         ...
 
+    def flush_effects(self, older_than: float = 30.0, limit: int = 500) -> int:
+        """Send the effects of committed batches that were not sent; returns how many."""
+        ...
+
     def close(self) -> None:
         """Release the connection."""
         ...
@@ -82,8 +94,17 @@ class EventLog(Protocol):
 class PostgresEventLog:
     """The `events` table and its per-shard checkpoint, written by one ingest connection."""
 
-    def __init__(self, conn: psycopg.Connection[TupleRow]) -> None:
+    def __init__(
+        self,
+        conn: psycopg.Connection[TupleRow],
+        *,
+        defaults: ConversationDefaults | None = None,
+        relay: Relay | None = None,
+    ) -> None:
         self.conn = conn
+        self.defaults = defaults or ConversationDefaults()
+        # Where a batch's effects go after commit; without one they wait in `effects`.
+        self.relay = relay
 
     def append(self, shard: int, epoch: int, batch: Sequence[Accepted]) -> int:
         """See `EventLog.append`."""
@@ -141,9 +162,45 @@ class PostgresEventLog:
                     "UPDATE shard_checkpoints SET events = events + %s WHERE shard = %s",
                     (len(fresh), shard),
                 )
-            if fresh:
-                self._insert(cur, fresh)
+            effects = self._insert(cur, fresh) if fresh else []
+            durable = [x for x in effects if x.kind != COMPACT]
+            ids = self._store_effects(cur, durable) if durable else []
+        if effects and self.relay is not None:
+            self._relay(effects, ids)
         return len(fresh)
+
+    def _store_effects(self, cur: psycopg.Cursor[TupleRow], effects: list[Effect]) -> list[int]:
+        """Keep notices and jobs in the batch's transaction, so a crash loses none."""
+        rows = msgspec.json.encode([{"kind": x.kind, "body": x.body} for x in effects])
+        return [int(r[0]) for r in cur.execute(query("insert_effects"), {"rows": rows.decode()})]
+
+    def _relay(self, effects: list[Effect], ids: list[int]) -> None:
+        """Send a committed batch's effects, then forget them; on failure the sweep
+        (`flush_effects`) sends them later. Compaction triggers are not kept: the next
+        batch of the conversation triggers again."""
+        assert self.relay is not None
+        try:
+            self.relay.send(effects)
+            if ids:
+                with self.conn.transaction():
+                    self.conn.execute(query("delete_effects"), {"ids": ids})
+        except (Unavailable, redis.RedisError, psycopg.Error) as e:
+            log.warning("effects not sent, left for the sweep", error=str(e), count=len(ids))
+
+    def flush_effects(self, older_than: float = 30.0, limit: int = 500) -> int:
+        """Send effects a crash or outage left behind; returns how many were sent."""
+        if self.relay is None:
+            return 0
+        try:
+            with self.conn.transaction():
+                params = {"ids": [], "older_than": older_than, "limit": limit}
+                rows = self.conn.execute(query("take_effects"), params).fetchall()
+                if rows:
+                    self.relay.send([Effect(r[1], r[2]) for r in rows])
+                    self.conn.execute(query("delete_effects"), {"ids": [r[0] for r in rows]})
+        except psycopg.OperationalError as e:
+            raise Unavailable(f"Postgres: {e}") from e
+        return len(rows)
 
     def _not_stored(self, cur: psycopg.Cursor[TupleRow], batch: list[Accepted]) -> list[Accepted]:
         """The events of `batch` not yet in the log (after a redelivery)."""
@@ -151,21 +208,32 @@ class PostgresEventLog:
         stored = {r[0] for r in cur.execute(query("existing_event_ids"), {"ids": ids})}
         return [a for a in batch if a.event.event_id not in stored]
 
-    def _insert(self, cur: psycopg.Cursor[TupleRow], fresh: list[Accepted]) -> None:
-        """Fold the projections (reserving sequence numbers), then COPY the rows."""
-        convs, threads = projection.fold(row_of(a.event) for a in fresh)
-        next_seq = {k: base + 1 for k, base in projection.apply(cur, convs, threads).items()}
-        lines = []
-        for a in fresh:
-            e = a.event
-            key = (e.agent, e.channel)
-            seq = next_seq[key]
-            next_seq[key] = seq + 1
-            lines.append(copy_line(a, seq))
-        # One write of preformatted text: psycopg's per-row adaptation was a third of
-        # ingest's CPU time.
-        with cur.copy(query("copy_events")) as copy:
-            copy.write(b"".join(lines))
+    def _insert(self, cur: psycopg.Cursor[TupleRow], fresh: list[Accepted]) -> list[Effect]:
+        """Per segment: fold the projections (reserving sequence numbers), COPY the rows,
+        then apply the command that ends the segment, if any."""
+        effects: list[Effect] = []
+        compact: set[tuple[str, str]] = set()
+        for segment in projection.segments(fresh, lambda a: ev.kind_of(a.event) in COMMANDS):
+            rows = [row_of(a.event) for a in segment]
+            convs, threads = projection.fold(rows)
+            applied = projection.apply(cur, convs, threads, self.defaults.token_budget)
+            compact.update(applied.to_compact)
+            next_seq = {k: base + 1 for k, base in applied.bases.items()}
+            lines = []
+            for a, row in zip(segment, rows, strict=True):
+                key = (row.agent, row.channel)
+                seq = next_seq[key]
+                next_seq[key] = seq + 1
+                lines.append(copy_line(a, seq, row.tokens))
+            # One write of preformatted text: psycopg's per-row adaptation was a third
+            # of ingest's CPU time.
+            with cur.copy(query("copy_events")) as copy:
+                copy.write(b"".join(lines))
+            last = segment[-1].event
+            if ev.kind_of(last) in COMMANDS:
+                effects += handle(cur, last, seq, self.defaults)
+        effects += [Effect(COMPACT, {"agent": a, "channel": c}) for a, c in sorted(compact)]
+        return effects
 
 
 def _copy_text(value: bytes) -> bytes:
@@ -176,7 +244,7 @@ def _copy_text(value: bytes) -> bytes:
     return value
 
 
-def copy_line(a: Accepted, seq: int) -> bytes:
+def copy_line(a: Accepted, seq: int, tokens: int) -> bytes:
     """One `copy_events` row in COPY text format."""
     e = a.event
     return (
@@ -189,7 +257,7 @@ def copy_line(a: Accepted, seq: int) -> bytes:
                 str(seq).encode(),
                 ev.kind_of(e).encode(),
                 e.occurred_at.isoformat().encode(),
-                str(tokens_of(e)).encode(),
+                str(tokens).encode(),
                 _copy_text(a.payload),
             )
         )
@@ -220,12 +288,13 @@ def row_of(event: ev.AnyEvent) -> projection.Row:
         ev.kind_of(event),
         event.occurred_at,
         settings,
+        tokens_of(event),
     )
 
 
 def tokens_of(event: ev.AnyEvent) -> int:
     """The token estimate stored with a message (0 for commands)."""
-    if not isinstance(event, ev.MessagePosted):
+    if not isinstance(event, ev.MessagePosted | ev.MessageImported):
         return 0
     if isinstance(event.content, str):
         return estimate_tokens(event.content)
@@ -270,6 +339,10 @@ class MemoryEventLog:
     def epochs(self) -> dict[int, int]:
         """See `EventLog.epochs`."""
         return {shard: cp[0] for shard, cp in self.checkpoints.items()}
+
+    def flush_effects(self, older_than: float = 30.0, limit: int = 500) -> int:
+        """The fake keeps no effects."""
+        return 0
 
     def close(self) -> None:
         """Nothing to release."""

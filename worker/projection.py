@@ -9,9 +9,9 @@ the same code, which is why the two give identical results.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 import psycopg
@@ -34,6 +34,7 @@ class Row(NamedTuple):
     kind: str
     occurred_at: dt.datetime
     settings: dict[str, int] | None = None  # the fields a configure event sets
+    tokens: int = 0  # a message's token estimate
 
 
 @dataclass
@@ -52,6 +53,7 @@ class ThreadChange:
     """A batch's effect on one thread of a conversation."""
 
     messages: int = 0
+    tokens: int = 0
     last_activity_at: dt.datetime | None = None
 
 
@@ -76,6 +78,7 @@ def fold(
             c.last_activity_at = _later(c.last_activity_at, r.occurred_at)
             t = threads.setdefault((r.agent, r.channel, r.thread), ThreadChange())
             t.messages += 1
+            t.tokens += r.tokens
             t.last_activity_at = _later(t.last_activity_at, r.occurred_at)
         elif r.kind == CLEAR:
             c.cleared_offset, c.cleared_at = c.count, r.occurred_at
@@ -89,12 +92,20 @@ def settings_of(payload: dict[str, Any]) -> dict[str, int]:
     return {k: int(payload[k]) for k in SETTINGS if payload.get(k) is not None}
 
 
+class Applied(NamedTuple):
+    """What writing a batch's changes tells ingest."""
+
+    bases: dict[Conv, int]  # each conversation's last seq before the batch
+    to_compact: list[Conv]  # conversations with a thread past the compaction threshold
+
+
 def apply(
     cur: psycopg.Cursor[TupleRow],
     convs: dict[Conv, ConversationChange],
     threads: dict[ThreadKey, ThreadChange],
-) -> dict[Conv, int]:
-    """Write the changes; returns each conversation's last seq before this batch.
+    default_budget: int = 0,
+) -> Applied:
+    """Write the changes (sequence numbers reserved) and find windows to compact.
 
     Conversations are written in sorted order, a fixed lock order, so two writers
     cannot deadlock.
@@ -120,10 +131,12 @@ def apply(
             ).decode()
         },
     ).fetchall()
+    to_compact: list[Conv] = []
     if threads:
         cur.execute(
             query("advance_threads"),
             {
+                "default_budget": default_budget,
                 "rows": msgspec.json.encode(
                     [
                         {
@@ -131,12 +144,30 @@ def apply(
                             "channel": k[1],
                             "thread": k[2],
                             "n": t.messages,
+                            "tokens": t.tokens,
                             "activity": t.last_activity_at,
                         }
                         for k in sorted(threads)
                         for t in (threads[k],)
                     ]
-                ).decode()
+                ).decode(),
             },
         )
-    return {(r[0], r[1]): int(r[2]) - convs[(r[0], r[1])].count for r in rows}
+        to_compact = [(r[0], r[1]) for r in cur.fetchall()]
+    bases = {(r[0], r[1]): int(r[2]) - convs[(r[0], r[1])].count for r in rows}
+    return Applied(bases, to_compact)
+
+
+T = TypeVar("T")
+
+
+def segments(items: Sequence[T], is_command: Callable[[T], bool]) -> Iterator[Sequence[T]]:
+    """Split after each command: a command's handler then sees the projections as of
+    itself. A batch without commands (the common case) is one segment."""
+    start = 0
+    for i, item in enumerate(items):
+        if is_command(item):
+            yield items[start : i + 1]
+            start = i + 1
+    if start < len(items):
+        yield items[start:]

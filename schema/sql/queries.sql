@@ -46,13 +46,23 @@ ON CONFLICT (agent, channel) DO UPDATE SET
 RETURNING agent, channel, last_seq;
 
 -- name: advance_threads
-INSERT INTO threads AS t (agent, channel, thread, message_count, last_activity_at)
-SELECT agent, channel, thread, n, activity
-FROM json_to_recordset(%(rows)s::json) AS x(
-    agent text, channel text, thread text, n bigint, activity timestamptz)
-ON CONFLICT (agent, channel, thread) DO UPDATE SET
-    message_count = t.message_count + EXCLUDED.message_count,
-    last_activity_at = greatest(t.last_activity_at, EXCLUDED.last_activity_at);
+-- Returns the conversations with a thread past three quarters of its token budget (compaction
+-- candidates); the conversations were updated by the statement before, so the join
+-- sees this batch's settings.
+WITH up AS (
+    INSERT INTO threads AS t (agent, channel, thread, message_count, last_activity_at,
+                              window_tokens)
+    SELECT agent, channel, thread, n, activity, tokens
+    FROM json_to_recordset(%(rows)s::json) AS x(
+        agent text, channel text, thread text, n bigint, tokens bigint, activity timestamptz)
+    ON CONFLICT (agent, channel, thread) DO UPDATE SET
+        message_count = t.message_count + EXCLUDED.message_count,
+        last_activity_at = greatest(t.last_activity_at, EXCLUDED.last_activity_at),
+        window_tokens = t.window_tokens + EXCLUDED.window_tokens
+    RETURNING agent, channel, window_tokens
+)
+SELECT DISTINCT up.agent, up.channel FROM up JOIN conversations c USING (agent, channel)
+WHERE up.window_tokens * 4 > coalesce(c.token_budget, %(default_budget)s) * 3;
 
 -- name: copy_events
 COPY events (event_id, agent, channel, thread, seq, kind, occurred_at, tokens, payload)
@@ -65,17 +75,32 @@ SELECT shard, epoch, last_entry_id, events, updated_at FROM shard_checkpoints OR
 SELECT coalesce(sum(events), 0)::bigint AS stored FROM shard_checkpoints;
 
 -- name: conversation_state
-SELECT cleared_seq, cleared_at, rolling_window, idle_timeout, token_budget, last_activity_at
-FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s;
+-- With the restored session (while its restore is within the rolling window) and the
+-- thread's compaction summary, for the preamble.
+SELECT c.cleared_seq, c.cleared_at, c.rolling_window, c.idle_timeout, c.token_budget,
+       c.last_activity_at, s.session_id, s.created_at, s.summary, t.compaction_summary
+FROM conversations c
+LEFT JOIN sessions s
+  ON s.agent = c.agent AND s.channel = c.channel AND s.session_id = c.restored_session
+ AND c.restored_at >= %(now)s::timestamptz
+     - make_interval(secs => coalesce(c.rolling_window, %(default_window)s))
+LEFT JOIN threads t
+  ON t.agent = c.agent AND t.channel = c.channel AND t.thread = %(thread)s
+ AND t.compacted_through_seq > 0
+WHERE c.agent = %(agent)s AND c.channel = %(channel)s;
 
 -- name: window_messages
 -- The window of one thread: messages after max(last clear, now - rolling window), plus
--- those of a restored session while its restore is within the rolling window. The
--- cut-off is computed here from the projection row, so the reader can send this query
--- in the same round trip as `conversation_state` (pipeline mode). Two branches, each
--- served by an index: the window index by time, the (agent, channel, seq) key by range.
+-- those of a restored session while its restore is within the rolling window, less
+-- what a compaction replaced (seq <= compacted_through_seq). The cut-off is computed
+-- here from the projection rows, so the reader can send this query in the same round
+-- trip as `conversation_state` (pipeline mode). Two branches, each served by an index:
+-- the window index by time, the (agent, channel, seq) key by the restored positions.
 WITH c AS (
-    SELECT cleared_seq, restore_from_seq, restore_until_seq, restored_at,
+    SELECT cleared_seq, restored_seqs, restored_at,
+           coalesce((SELECT compacted_through_seq FROM threads
+                     WHERE agent = %(agent)s AND channel = %(channel)s
+                       AND thread = %(thread)s), 0) AS compacted,
            %(now)s::timestamptz
            - make_interval(secs => coalesce(rolling_window, %(default_window)s)) AS cutoff
     FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s
@@ -84,12 +109,12 @@ SELECT e.seq, e.occurred_at, e.tokens, e.payload->>'role', e.payload->'content'
 FROM c JOIN events e
   ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.thread = %(thread)s
  AND e.kind = 'message.v1' AND e.occurred_at >= c.cutoff AND e.seq > c.cleared_seq
+ AND e.seq > c.compacted
 UNION ALL
 SELECT e.seq, e.occurred_at, e.tokens, e.payload->>'role', e.payload->'content'
 FROM c JOIN events e
-  ON e.agent = %(agent)s AND e.channel = %(channel)s
- AND e.seq > c.restore_from_seq AND e.seq <= c.restore_until_seq
- AND e.thread = %(thread)s AND e.kind = 'message.v1'
+  ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq = ANY(c.restored_seqs)
+ AND e.thread = %(thread)s AND e.seq > c.compacted
 WHERE c.restored_at >= c.cutoff
 ORDER BY 1;
 
@@ -108,6 +133,14 @@ ORDER BY t.last_activity_at DESC LIMIT 20;
 SELECT 1 FROM events WHERE event_id = %(event_id)s;
 
 -- name: replay_events
-SELECT agent, channel, thread, kind, occurred_at,
-       CASE WHEN kind = 'configure.v1' THEN payload END
+-- The log in order, with what the fold needs; whole payloads only for commands.
+SELECT agent, channel, thread, kind, occurred_at, tokens, seq,
+       CASE WHEN kind = ANY(%(with_payload)s) THEN payload::text END
 FROM events ORDER BY position;
+
+-- name: threads_to_compact
+SELECT t.thread, t.compaction_summary, c.cleared_seq,
+       coalesce(c.token_budget, %(default_budget)s)
+FROM conversations c JOIN threads t ON t.agent = c.agent AND t.channel = c.channel
+WHERE c.agent = %(agent)s AND c.channel = %(channel)s
+  AND t.window_tokens * 4 > coalesce(c.token_budget, %(default_budget)s) * 3;

@@ -343,20 +343,14 @@ def test_cli_context_across_a_clear_and_the_24h_edge_inside_tool_exchanges(
 def test_a_restored_sessions_messages_count_as_recent_from_the_restore(
     log: Log, db: str, reader: ContextReader
 ) -> None:
-    # The sessions issue writes these columns on restore; the window already honours them.
     log.say("user", "old question", NOW - 50 * HOUR)
     log.say("assistant", [use("s")], NOW - 50 * HOUR)
     log.say("user", [result("s")], NOW - 50 * HOUR)
     log.say("assistant", "old answer", NOW - 50 * HOUR)
+    log.add(ev.SessionSaveRequested, NOW - 50 * HOUR, description="old work")
     log.say("user", "not in the session", NOW - 40 * HOUR)
-    log.add(ev.ContextCleared, NOW - 2 * HOUR)  # stands in for the restore event (seq 6)
+    log.add(ev.SessionRestoreRequested, NOW - 2 * HOUR, session_id="last")
     log.say("user", "after restore", NOW - HOUR)
-    with psycopg.connect(db) as conn:
-        conn.execute(
-            "UPDATE conversations SET restore_from_seq = 0, restore_until_seq = 4,"
-            " restored_at = %s",
-            (NOW - 2 * HOUR,),
-        )
     ctx = reader.context("alpha", "general", now=NOW)
     assert check_messages(ctx.messages) == []
     assert texts(ctx) == ["old question", "s", "s", "old answer", "after restore"]

@@ -79,6 +79,18 @@ EXAMPLES: list[ev.Event] = [
     ),
     ev.ContextCleared(**COMMON),
     ev.SessionSaveRequested(description="auth refactor", provider="anthropic", model="m", **COMMON),
+    ev.SummaryGenerated(session_id="2026-11-22_auth", summary="Done.", local=True, **COMMON),
+    ev.ContextCompacted(through_seq=41, summary="Earlier: setup.", thread="t1", **COMMON),
+    ev.MessageImported(
+        import_id=uuid.UUID(int=7),
+        role="user",
+        content="hi",
+        original_at=COMMON["occurred_at"],
+        **COMMON,
+    ),
+    ev.SessionImported(
+        import_id=uuid.UUID(int=7), session_id="2026-11-20_x", message_count=1, **COMMON
+    ),
     ev.SessionRestoreRequested(session_id="last", **COMMON),
     ev.SessionDeleteRequested(session_id="2026-11-22_auth-refactor", **COMMON),
     ev.SessionsPurgeRequested(keep=3, **COMMON),

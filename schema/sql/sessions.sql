@@ -1,0 +1,165 @@
+-- Named queries of saved sessions, restore and compaction (loaded with queries.sql).
+
+-- name: save_window
+-- A conversation's whole window (all threads) as of a save event at seq %(seq)s and
+-- time %(at)s: the same rule as `window_messages`, without the compaction cut (a
+-- session keeps every message; restoring it may compact again).
+WITH c AS (
+    SELECT cleared_seq, restored_seqs, restored_at,
+           %(at)s::timestamptz
+           - make_interval(secs => coalesce(rolling_window, %(default_window)s)) AS cutoff
+    FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s
+)
+SELECT e.seq, e.thread, e.occurred_at, e.tokens, e.payload->>'role', e.payload->'content'
+FROM c JOIN events e
+  ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.kind = 'message.v1'
+ AND e.occurred_at >= c.cutoff AND e.seq > c.cleared_seq AND e.seq < %(seq)s
+UNION ALL
+SELECT e.seq, e.thread, e.occurred_at, e.tokens, e.payload->>'role', e.payload->'content'
+FROM c JOIN events e
+  ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq = ANY(c.restored_seqs)
+WHERE c.restored_at >= c.cutoff
+ORDER BY 1;
+
+-- name: session_ids_from
+-- Ids of this conversation starting with a base id, deleted ones included: an id is
+-- never given to a second session.
+SELECT session_id FROM sessions
+WHERE agent = %(agent)s AND channel = %(channel)s AND starts_with(session_id, %(base)s);
+
+-- name: insert_session
+INSERT INTO sessions (agent, channel, session_id, seq, created_at, description, preview,
+                      message_count, token_estimate, auto, source, provider, model, seqs,
+                      window_start, window_end, summary, summary_local)
+VALUES (%(agent)s, %(channel)s, %(session_id)s, %(seq)s, %(created_at)s, %(description)s,
+        %(preview)s, %(message_count)s, %(token_estimate)s, %(auto)s, %(source)s,
+        %(provider)s, %(model)s, %(seqs)s, %(window_start)s, %(window_end)s, %(summary)s,
+        %(summary_local)s);
+
+-- name: find_session
+-- A session by id, this conversation's first if several conversations use the id.
+SELECT agent, channel, session_id, seqs, deleted_at, summary FROM sessions
+WHERE session_id = %(session_id)s
+ORDER BY (agent = %(agent)s AND channel = %(channel)s) DESC LIMIT 1;
+
+-- name: last_session
+SELECT agent, channel, session_id, seqs, deleted_at, summary FROM sessions
+WHERE agent = %(agent)s AND channel = %(channel)s AND deleted_at IS NULL
+ORDER BY seq DESC LIMIT 1;
+
+-- name: restore_conversation
+-- As a clear at the restore's seq, then the session's messages, recent from now on.
+UPDATE conversations
+SET cleared_seq = %(seq)s, cleared_at = %(at)s, restored_seqs = %(seqs)s,
+    restored_session = %(session_id)s, restored_at = %(at)s
+WHERE agent = %(agent)s AND channel = %(channel)s;
+
+-- name: reset_threads
+-- After a clear or restore: nothing compacted, no tokens counted towards compaction.
+UPDATE threads SET window_tokens = 0, compacted_through_seq = 0, compaction_summary = NULL
+WHERE agent = %(agent)s AND channel = %(channel)s
+  AND (window_tokens <> 0 OR compacted_through_seq <> 0);
+
+-- name: forget_restore
+UPDATE conversations SET restored_seqs = NULL, restored_session = NULL, restored_at = NULL
+WHERE agent = %(agent)s AND channel = %(channel)s AND restored_session IS NOT NULL;
+
+-- name: restored_threads
+-- The restored messages count towards their threads' compaction trigger.
+INSERT INTO threads AS t (agent, channel, thread, message_count, last_activity_at,
+                          window_tokens)
+SELECT agent, channel, thread, 0, %(at)s, sum(tokens)
+FROM events
+WHERE agent = %(agent)s AND channel = %(channel)s AND seq = ANY(%(seqs)s)
+GROUP BY agent, channel, thread
+ON CONFLICT (agent, channel, thread) DO UPDATE SET window_tokens = EXCLUDED.window_tokens;
+
+-- name: delete_session
+UPDATE sessions SET deleted_at = %(at)s
+WHERE agent = %(agent)s AND channel = %(channel)s AND session_id = %(session_id)s;
+
+-- name: purge_sessions
+UPDATE sessions SET deleted_at = %(at)s
+WHERE agent = %(agent)s AND channel = %(channel)s AND deleted_at IS NULL
+  AND session_id NOT IN (
+      SELECT session_id FROM sessions
+      WHERE agent = %(agent)s AND channel = %(channel)s AND deleted_at IS NULL
+      ORDER BY seq DESC LIMIT %(keep)s)
+RETURNING session_id;
+
+-- name: set_summary
+-- The first summary wins: a job that ran twice emits the same event id, deduplicated
+-- in the log, but an imported summary is never overwritten either.
+UPDATE sessions SET summary = %(summary)s, summary_local = %(local)s,
+                    summary_failed = %(failed)s
+WHERE agent = %(agent)s AND channel = %(channel)s AND session_id = %(session_id)s
+  AND summary IS NULL
+RETURNING source, auto;
+
+-- name: compact_thread
+-- Only while the window the job read is still the window: a clear or restore since
+-- (cleared_seq moved) or a newer compaction makes it moot. `through` 0 only
+-- re-counts. window_tokens: the job's count after the cut plus what arrived since.
+UPDATE threads t
+SET compacted_through_seq = CASE WHEN %(through)s > 0 THEN %(through)s
+                                 ELSE t.compacted_through_seq END,
+    compaction_summary = CASE WHEN %(through)s > 0 THEN %(summary)s
+                              ELSE t.compaction_summary END,
+    window_tokens = %(remaining)s + (
+        SELECT coalesce(sum(e.tokens), 0) FROM events e
+        WHERE e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq > %(seen)s
+          AND e.seq < %(seq)s AND e.thread = %(thread)s AND e.kind = 'message.v1')
+FROM conversations c
+WHERE t.agent = %(agent)s AND t.channel = %(channel)s AND t.thread = %(thread)s
+  AND c.agent = t.agent AND c.channel = t.channel AND c.cleared_seq = %(base_seq)s
+  AND (%(through)s = 0 OR t.compacted_through_seq < %(through)s)
+RETURNING t.thread;
+
+-- name: imported_messages
+-- The messages an import pushed before its session_imported event, newest first.
+SELECT seq, thread, coalesce((payload->>'original_at')::timestamptz, occurred_at), tokens,
+       payload->>'role', payload->'content'
+FROM events
+WHERE agent = %(agent)s AND channel = %(channel)s AND seq < %(seq)s
+  AND kind = 'imported_message.v1' AND payload->>'import_id' = %(import_id)s
+ORDER BY seq DESC LIMIT %(count)s;
+
+-- name: session_messages
+SELECT seq, thread, occurred_at, tokens, payload->>'role', payload->'content'
+FROM events
+WHERE agent = %(agent)s AND channel = %(channel)s AND seq = ANY(%(seqs)s)
+ORDER BY seq;
+
+-- name: take_effects
+-- Effects left by a crash between commit and relay, oldest first; SKIP LOCKED lets
+-- two relays share the work.
+SELECT id, kind, body FROM effects
+WHERE id = ANY(%(ids)s) OR created_at < now() - make_interval(secs => %(older_than)s)
+ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED;
+
+-- name: delete_effects
+DELETE FROM effects WHERE id = ANY(%(ids)s);
+
+-- name: insert_effects
+INSERT INTO effects (kind, body)
+SELECT kind, body FROM json_to_recordset(%(rows)s::json) AS x(kind text, body jsonb)
+RETURNING id;
+
+-- name: list_sessions
+-- One page of a conversation's (or an agent's) live sessions, newest first.
+SELECT agent, channel, session_id, created_at, description, summary, message_count,
+       token_estimate, auto, preview, summary_local, summary_failed, provider, model,
+       window_start, window_end, count(*) OVER ()
+FROM sessions
+WHERE agent = %(agent)s AND (%(channel)s::text IS NULL OR channel = %(channel)s)
+  AND deleted_at IS NULL
+ORDER BY created_at DESC, seq DESC
+LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: get_session
+SELECT agent, channel, session_id, created_at, description, summary, message_count,
+       token_estimate, auto, preview, summary_local, summary_failed, provider, model,
+       window_start, window_end, seqs
+FROM sessions
+WHERE session_id = %(session_id)s AND deleted_at IS NULL
+ORDER BY agent, channel LIMIT 50;

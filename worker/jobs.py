@@ -1,0 +1,224 @@
+"""RQ jobs on the `summaries` queue: session summaries and context compaction.
+
+Job functions are thin: they take the process's resources (built once by
+`bootstrap.resources`) and call the core below, which tests call with fakes. A job's
+result is an event pushed onto the conversation's shard stream, so ingest stays the
+only writer of the log; its event id is derived from what it is about, so a job that
+runs twice (a redelivery, a second enqueue) stores its result once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+import msgspec
+import redis
+import structlog
+from rq import Queue
+from rq.exceptions import DuplicateJobError
+
+from producers.context import StoredMessage
+from producers.ids import derived_id
+from producers.reader import stored, window_params
+from schema import events as ev
+from schema.errors import Refused
+from schema.queries import query
+from worker import sessions
+from worker.summarize import Summarizer, Summary
+
+if TYPE_CHECKING:
+    from worker.bootstrap import Resources
+
+log = structlog.get_logger("contextlog.jobs")
+
+SUMMARIES: Final = "summaries"
+IDLE: Final = "idle"
+JOB_SOURCE: Final = "contextlog-jobs"  # the namespace of derived result event ids
+RESULT_TTL: Final = 3600  # finished jobs stay visible in rq-dashboard for an hour
+FAILURE_TTL: Final = 7 * 86400
+
+
+def job_key(*parts: str) -> str:
+    """A short, stable job id part for a conversation-scoped job (ids must be safe)."""
+    return hashlib.sha1("\x00".join(parts).encode()).hexdigest()[:20]
+
+
+class Jobs:
+    """Enqueues contextlog's jobs; a job still queued or running is not queued twice."""
+
+    def __init__(self, client: redis.Redis, job_timeout: int = 300) -> None:
+        self.summaries = Queue(SUMMARIES, connection=client)
+        self.job_timeout = job_timeout
+
+    def summarize(self, agent: str, channel: str, session_id: str) -> bool:
+        """Queue the summary of a saved session; False if it is already queued."""
+        return self._enqueue(
+            "worker.jobs.summarize_session",
+            (agent, channel, session_id),
+            job_id=f"summarize-{job_key(agent, channel, session_id)}",
+            description=f"summarize session {session_id} ({agent}/{channel})",
+            result_ttl=RESULT_TTL,
+        )
+
+    def compact(self, agent: str, channel: str) -> bool:
+        """Queue a compaction of a conversation; at most one is queued or running."""
+        return self._enqueue(
+            "worker.jobs.compact_conversation",
+            (agent, channel),
+            job_id=f"compact-{job_key(agent, channel)}",
+            description=f"compact context ({agent}/{channel})",
+            # Removed when done, so the next compaction of this conversation can queue.
+            result_ttl=0,
+        )
+
+    def _enqueue(
+        self, func: str, args: tuple[str, ...], *, job_id: str, description: str, result_ttl: int
+    ) -> bool:
+        try:
+            self.summaries.enqueue_call(
+                func,
+                args=args,
+                job_id=job_id,
+                description=description,
+                timeout=self.job_timeout,
+                result_ttl=result_ttl,
+                failure_ttl=FAILURE_TTL if result_ttl else 300,
+                unique=True,  # refused, not overwritten, while the id is taken
+            )
+        except DuplicateJobError:
+            return False
+        return True
+
+
+# -- the core, called with explicit resources ---------------------------------------
+
+
+def run_summary(res: Resources, agent: str, channel: str, session_id: str) -> str:
+    """Summarise a session's messages and push the summary as an event."""
+    try:
+        info, messages = res.reader.session_messages(session_id, agent=agent, channel=channel)
+    except Refused as e:
+        log.info("session gone, no summary", agent=agent, channel=channel, reason=str(e))
+        return "skipped"
+    summary = res.summarizer.summarize([(m.role, m.content) for m in messages], purpose="session")
+    res.producer.push(
+        ev.SummaryGenerated(
+            event_id=derived_id(JOB_SOURCE, f"summary\x00{agent}\x00{channel}\x00{session_id}"),
+            agent=agent,
+            channel=channel,
+            occurred_at=res.clock.now(),
+            session_id=info.session_id,
+            summary=summary.text,
+            local=summary.local,
+            failed=summary.failed,
+        )
+    )
+    log.info(
+        "session summarised",
+        agent=agent,
+        channel=channel,
+        session_id=session_id,
+        local=summary.local,
+        failed=summary.failed,
+    )
+    return "failed" if summary.failed else "done"
+
+
+@dataclass(frozen=True)
+class ThreadWindow:
+    """What a compaction job reads of one thread."""
+
+    thread: str
+    previous: str | None  # the summary of the last compaction, folded into the next
+    base_seq: int  # the conversation's cleared_seq when read
+    budget: int
+    messages: list[StoredMessage]
+
+
+def read_windows(res: Resources, agent: str, channel: str) -> list[ThreadWindow]:
+    """The windows of the conversation's threads that passed the compaction threshold."""
+    now = res.clock.now()
+    d = res.reader.defaults
+    key = {"agent": agent, "channel": channel, "default_budget": d.token_budget}
+    out = []
+    with res.reader.connection() as conn:
+        for thread, previous, base_seq, budget in conn.execute(
+            query("threads_to_compact"), key
+        ).fetchall():
+            params = window_params(agent, channel, thread, now, d)
+            rows = conn.execute(query("window_messages"), params).fetchall()
+            out.append(ThreadWindow(thread, previous, int(base_seq), int(budget), stored(rows)))
+    return out
+
+
+def compaction_event(
+    agent: str, channel: str, w: ThreadWindow, summarizer: Summarizer
+) -> ev.ContextCompacted | None:
+    """The compaction of one thread's window; None when the summary failed.
+
+    A window found back under the threshold (its messages aged out of the rolling
+    window) gets an event with `through_seq` 0 that only re-counts its tokens, so it
+    stops triggering compactions.
+    """
+    total = sum(m.tokens for m in w.messages)
+    through = (
+        sessions.compaction_cut(w.messages) if sessions.over_threshold(total, w.budget) else None
+    )
+    summary = Summary("")
+    if through is not None:
+        older = [(m.role, m.content) for m in w.messages if m.seq <= through]
+        summary = summarizer.summarize(older, previous=w.previous, purpose="compaction")
+        if summary.failed:
+            return None
+    seen = max((m.seq for m in w.messages), default=0)
+    return ev.ContextCompacted(
+        event_id=derived_id(JOB_SOURCE, f"compact\x00{agent}\x00{channel}\x00{w.thread}\x00{seen}"),
+        agent=agent,
+        channel=channel,
+        thread=w.thread or None,
+        occurred_at=dt.datetime.now(dt.UTC),
+        through_seq=through or 0,
+        base_seq=w.base_seq,
+        seen_seq=seen,
+        remaining_tokens=sum(m.tokens for m in w.messages if m.seq > (through or 0)),
+        summary=summary.text,
+        local=summary.local,
+    )
+
+
+def run_compaction(res: Resources, agent: str, channel: str) -> str:
+    """Compact each thread of the conversation that passed the threshold."""
+    done = 0
+    for w in read_windows(res, agent, channel):
+        event = compaction_event(agent, channel, w, res.summarizer)
+        if event is None:
+            log.warning(
+                "compaction summary failed; the context stays trimmed to budget",
+                agent=agent,
+                channel=channel,
+                thread=w.thread,
+            )
+            continue
+        res.producer.push(msgspec.structs.replace(event, occurred_at=res.clock.now()))
+        done += event.through_seq > 0
+    return f"compacted {done} threads"
+
+
+# -- RQ entry points ------------------------------------------------------------------
+
+
+def summarize_session(agent: str, channel: str, session_id: str) -> str:
+    """RQ job: the summary of one saved session."""
+    from worker.bootstrap import resources
+
+    return run_summary(resources(), agent, channel, session_id)
+
+
+def compact_conversation(agent: str, channel: str) -> str:
+    """RQ job: compact the conversation's threads that passed 75% of their budget."""
+    from worker.bootstrap import resources
+
+    return run_compaction(resources(), agent, channel)
