@@ -222,15 +222,17 @@ def build_context(
     system: str | None = None,
     window_start: dt.datetime | None = None,
 ) -> Context:
-    """The valid, budget-fitted context of a window of messages (oldest first)."""
+    """The valid, budget-fitted context of a window of messages (oldest first); the
+    system text (preamble, summaries) counts against the budget too."""
+    system_tokens = estimate_tokens(system) if system else 0
     turns = repair(merge_turns(messages))
-    turns, truncated = fit_budget(turns, budget)
+    turns, truncated = fit_budget(turns, budget - system_tokens)
     if truncated:
         turns = repair(turns)
     return Context(
         messages=[{"role": t.role, "content": t.blocks} for t in turns],
         system=system,
-        token_estimate=sum(t.tokens for t in turns),
+        token_estimate=system_tokens + sum(t.tokens for t in turns),
         truncated=truncated,
         window_start=window_start,
         first_seq=turns[0].first_seq if turns else None,

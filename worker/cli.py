@@ -22,7 +22,7 @@ from producers import ContextReader, Producer
 from producers.commands import parse_duration
 from schema import keys
 from schema.errors import ContextlogError
-from worker import bootstrap, logs
+from worker import bootstrap, cli_sessions, logs
 from worker.clock import SystemClock
 from worker.config import Settings
 from worker.rebuild import rebuild
@@ -248,7 +248,7 @@ def _send_parser(sub: Any) -> None:
             p.add_argument(arg)
         p.add_argument("--thread")
         p.add_argument("--sender")
-        p.add_argument("--source")
+        p.add_argument("--source", default="cli", help="adapter that gets the notifications")
         return p
 
     m = verb("message", "post a message", "text")
@@ -287,6 +287,7 @@ def parser() -> argparse.ArgumentParser:
     ctx.add_argument("--json", action="store_true")
     sub.add_parser("rebuild", help="rebuild the projections by replaying the log")
     sub.add_parser("demo", help="run a short scripted conversation end to end")
+    cli_sessions.add_parsers(sub)
     return p
 
 
@@ -299,6 +300,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "demo": cmd_demo,
     "context": cmd_context,
     "rebuild": cmd_rebuild,
+    **cli_sessions.COMMANDS,
 }
 
 

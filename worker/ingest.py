@@ -28,6 +28,8 @@ from worker.streams import Entry, Rejected, Streams, id_key
 log = structlog.get_logger("contextlog.ingest")
 
 POISON = "poison"
+EFFECTS_SWEEP_S = 10.0  # how often unsent effects are looked for
+EFFECTS_GRACE_S = 30.0  # an effect this old was not sent by the batch that made it
 DATABASE_REFUSED = "database_refused"
 
 
@@ -81,6 +83,7 @@ class Ingest:
         self._next_lease_check = 0.0
         self._next_sweep = 0.0
         self._next_trim = 0.0
+        self._next_effects = 0.0
         self._backoff = 0.0
         self.stored = 0
         self.retries = 0  # passes that failed on an outage, for tests and metrics
@@ -166,6 +169,11 @@ class Ingest:
             for shard in list(self.owned):
                 self.streams.trim(shard)
             self._next_trim = now + self.settings.trim_seconds
+        if now >= self._next_effects:
+            # Effects a crash or a Redis outage left between commit and relay.
+            if sent := self._log().flush_effects(older_than=EFFECTS_GRACE_S):
+                log.info("effects relayed by the sweep", count=sent)
+            self._next_effects = now + EFFECTS_SWEEP_S
 
     def _read(self, shards: Sequence[int]) -> dict[int, list[Entry]]:
         try:

@@ -1,0 +1,351 @@
+"""Sessions end to end on real Postgres and Redis: ingest in a thread, RQ jobs in burst
+mode, the Anthropic API faked at its HTTP transport."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import redis
+from rq import Queue, SimpleWorker
+
+from producers import ContextReader, Producer
+from producers.notifications import Notifications
+from schema import notices as nt
+from schema.errors import Refused
+from schema.notices import Notice
+from tests.support.anthropic_rules import check_messages
+from tests.support.fake_anthropic import FakeAPI, Outcome, client_for
+from tests.support.running import eventually, running, settings_for
+from worker import bootstrap, cli
+from worker.clock import SystemClock
+from worker.config import Settings
+from worker.jobs import SUMMARIES, Jobs
+from worker.rebuild import rebuild
+from worker.summarize import FAILED_TEXT, AnthropicSummarizer, LocalSummarizer, Summarizer
+
+A, C = "alpha", "general"
+
+
+@dataclass
+class Stack:
+    """Ingest running, a producer and reader as an adapter has them, jobs run on demand."""
+
+    settings: Settings
+    producer: Producer
+    reader: ContextReader
+    notes: Notifications
+    rds: redis.Redis
+    api: FakeAPI
+    delays: list[float] = field(default_factory=list)
+    seen: list[Notice] = field(default_factory=list)
+
+    def use(self, summarizer: Summarizer) -> None:
+        bootstrap.install(
+            bootstrap.Resources(
+                self.settings, self.reader, self.producer, summarizer, SystemClock()
+            )
+        )
+
+    def say(self, text: str, role: str = "user", channel: str = C, **kw: Any) -> str:
+        return self.producer.post_message(A, channel, role, text, source="test", **kw)
+
+    def stored(self, event_id: str) -> None:
+        self.reader.context(A, C, wait_for=event_id, timeout=10)
+
+    def run_jobs(self) -> None:
+        queue = Queue(SUMMARIES, connection=self.rds)
+        SimpleWorker([queue], connection=self.rds).work(burst=True, logging_level="WARNING")
+
+    def notice(self, kind: str, timeout: float = 10) -> Notice:
+        def arrived() -> bool:
+            got = self.notes.read(block_ms=50)
+            self.notes.ack(got)
+            self.seen.extend(got)
+            return any(n.kind == kind for n in self.seen)
+
+        eventually(arrived, timeout, f"a {kind} notice")
+        found = next(n for n in self.seen if n.kind == kind)
+        self.seen.remove(found)
+        return found
+
+    def valid(self, channel: str = C) -> list[dict[str, Any]]:
+        messages = self.reader.context(A, channel).messages
+        assert check_messages(messages) == []
+        return messages
+
+
+@pytest.fixture
+def stack(
+    db: str, redis_url: str, rds: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Stack]:
+    settings = settings_for(db, redis_url)
+    for name, value in (("DATABASE_URL", db), ("REDIS_URL", redis_url), ("CONTEXTLOG_SHARDS", "4")):
+        monkeypatch.setenv(name, value)  # for the CLI commands a test runs
+    producer = Producer(redis.Redis.from_url(redis_url), shards=settings.shards)
+    reader = ContextReader.from_url(db, defaults=settings.conversation)
+    notes = Notifications(redis.Redis.from_url(redis_url), "test", consumer="t1")
+    api = FakeAPI()
+    s = Stack(settings, producer, reader, notes, rds, api)
+    s.use(AnthropicSummarizer(client_for(api), "claude-test-1", sleep=s.delays.append))
+    with running(settings):
+        yield s
+    reader.close()
+    notes.close()
+    producer.close()
+
+
+def texts(messages: list[dict[str, Any]]) -> list[str]:
+    return [b.get("text", b.get("type")) for m in messages for b in m["content"]]
+
+
+def test_save_summary_history_restore_export_import(
+    stack: Stack,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The issue's "done when", from an adapter's side."""
+    stack.api.push(Outcome.ok("Refactored auth into a token service; the session store is left."))
+    stack.say("How should I split the auth module?")
+    stack.say("Into a token service and a session store.", "assistant")
+    stack.producer.save(A, C, "Auth refactor", source="test", provider="anthropic", model="m1")
+    saved = stack.notice(nt.SESSION_SAVED)
+    assert saved.session_id == f"{saved.occurred_at:%Y-%m-%d}_auth-refactor"
+    assert stack.reader.session(saved.session_id).summary is None  # pending
+    assert texts(stack.valid()) == [
+        "How should I split the auth module?",
+        "Into a token service and a session store.",
+    ]  # saving does not clear
+
+    stack.run_jobs()
+    ready = stack.notice(nt.SUMMARY_READY)
+    assert ready.text == "Refactored auth into a token service; the session store is left."
+    assert not ready.local and not ready.failed
+    prompt = stack.api.prompts[0]
+    assert "How should I split the auth module?" in prompt
+
+    page = stack.reader.sessions(A, C)
+    [info] = page.sessions
+    assert (info.session_id, info.message_count, info.auto) == (saved.session_id, 2, False)
+    assert info.summary == ready.text and info.description == "Auth refactor"
+    assert (info.provider, info.model) == ("anthropic", "m1")
+    assert info.preview == "How should I split the auth module?"
+
+    stack.producer.clear(A, C, source="test")
+    stack.stored(stack.say("something else entirely"))
+    stack.producer.restore(A, C, "last", source="test")
+    assert stack.notice(nt.RESTORE_DONE).session_id == saved.session_id
+    ctx = stack.reader.context(A, C)
+    assert texts(ctx.messages) == [
+        "How should I split the auth module?",
+        "Into a token service and a session store.",
+    ]
+    assert ctx.system is not None and saved.session_id in ctx.system and ready.text in ctx.system
+    assert check_messages(ctx.messages) == []
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["export", saved.session_id, "--agent", A]) == 0
+    exported = tmp_path / f"{saved.session_id}.json"
+    doc = json.loads(exported.read_text())
+    assert doc["session_id"] == saved.session_id and doc["message_count"] == 2
+    assert doc["summary"] == ready.text
+    assert [m["content"] for m in doc["messages"]][0] == "How should I split the auth module?"
+    assert {"timestamp", "token_estimate", "window_start", "window_end"} <= doc.keys()
+
+    assert (
+        cli.main(["import", str(exported), "--agent", A, "--channel", "dm", "--source", "test"])
+        == 0
+    )
+    imported = stack.notice(nt.SESSION_IMPORTED)
+    assert imported.channel == "dm" and imported.session_id == saved.session_id
+    assert stack.reader.session(saved.session_id, agent=A, channel="dm").summary == ready.text
+    assert stack.valid("dm") == []  # imported messages are not in the live window
+    stack.producer.restore(A, "dm", saved.session_id, source="test")
+    stack.notice(nt.RESTORE_DONE)
+    assert texts(stack.valid("dm"))[0] == "How should I split the auth module?"
+
+
+@pytest.mark.parametrize(
+    ("script", "expected", "failed"),
+    [
+        ([Outcome.ok("It worked.")], "It worked.", False),
+        ([Outcome.error(429, retry_after=2), Outcome.ok("After a 429.")], "After a 429.", False),
+        ([Outcome.error(500)] * 4, FAILED_TEXT, True),
+        ([Outcome.timeout(), Outcome.ok("After a timeout.")], "After a timeout.", False),
+        ([Outcome.timeout()] * 4, FAILED_TEXT, True),
+        ([Outcome.invalid_json()] * 4, FAILED_TEXT, True),
+        ([Outcome.no_content(), Outcome.ok("After a bad body.")], "After a bad body.", False),
+    ],
+    ids=[
+        "ok",
+        "429-then-ok",
+        "500-always",
+        "timeout-then-ok",
+        "timeout-always",
+        "bad-json",
+        "no-content-then-ok",
+    ],
+)
+def test_summary_outcomes_land_as_events(
+    stack: Stack, script: list[Outcome], expected: str, failed: bool
+) -> None:
+    stack.api.push(*script)
+    stack.say("Deploy the billing service.")
+    stack.say("Deployed; migrations ran.", "assistant")
+    stack.producer.save(A, C, "deploy", source="test")
+    sid = stack.notice(nt.SESSION_SAVED).session_id
+    stack.run_jobs()
+    ready = stack.notice(nt.SUMMARY_READY)
+    assert (ready.text, ready.failed) == (expected, failed)
+    info = stack.reader.session(sid or "")
+    assert info.summary == expected and info.summary_failed is failed
+    assert info.message_count == 2  # a failed summary leaves the session intact
+    assert len(stack.api.requests) == len(script)  # retried until success or the last try
+    assert len(stack.delays) == len(script) - 1  # backed off between tries, on the fake clock
+
+
+def test_without_an_api_key_the_local_summarizer_marks_its_summary(stack: Stack) -> None:
+    stack.use(LocalSummarizer())
+    stack.say("Plan the offsite.")
+    stack.producer.save(A, C, source="test")
+    saved = stack.notice(nt.SESSION_SAVED)
+    stack.run_jobs()
+    ready = stack.notice(nt.SUMMARY_READY)
+    assert ready.local and "Plan the offsite." in (ready.text or "")
+    assert stack.reader.session(saved.session_id or "").summary_local
+    assert stack.api.requests == []
+
+
+def test_refusals_are_notified_and_change_nothing(stack: Stack) -> None:
+    stack.producer.save(A, C, "nothing yet", source="test")
+    assert "empty" in (stack.notice(nt.COMMAND_REFUSED).text or "")
+    assert stack.reader.sessions(A).total == 0
+
+    stack.say("other conversation's work", channel="other")
+    stack.producer.save(A, "other", "theirs", source="test")
+    theirs = stack.notice(nt.SESSION_SAVED).session_id or ""
+    stack.stored(stack.say("mine"))
+    for send in (stack.producer.restore, stack.producer.delete_session):
+        send(A, C, theirs, source="test")
+        assert stack.notice(nt.COMMAND_REFUSED).text == (
+            f"session {theirs!r} belongs to another conversation"
+        )
+    assert texts(stack.valid()) == ["mine"]
+    assert stack.reader.session(theirs).channel == "other"  # not deleted
+    with pytest.raises(Refused, match="belongs to another conversation"):
+        stack.reader.session_messages(theirs, agent=A, channel=C)
+    assert cli.main(["export", theirs, "--agent", A, "--channel", C]) == 2
+    stack.producer.restore(A, C, "no-such-session", source="test")
+    assert "no session" in (stack.notice(nt.COMMAND_REFUSED).text or "")
+
+
+def test_ids_collide_into_suffixes_and_hash_without_description(stack: Stack) -> None:
+    stack.say("Which database should we use?")
+    for _ in range(3):
+        stack.producer.save(A, C, "Same Name", source="test")
+    stack.producer.save(A, C, source="test")
+    ids = [stack.notice(nt.SESSION_SAVED).session_id for _ in range(4)]
+    day = ids[0][:10] if ids[0] else ""
+    digest = hashlib.sha256(b"Which database should we use?").hexdigest()[:6]
+    assert ids == [
+        f"{day}_same-name",
+        f"{day}_same-name-2",
+        f"{day}_same-name-3",
+        f"{day}_{digest}",
+    ]
+
+
+def test_a_save_covers_every_thread_and_delete_purge_hide_but_keep_the_log(
+    stack: Stack, db: str
+) -> None:
+    stack.say("main line question")
+    stack.say("thread question", thread="t1")
+    stack.say("thread answer", "assistant", thread="t1")
+    for i in range(4):
+        stack.producer.save(A, C, f"s{i}", source="test")
+    ids = [stack.notice(nt.SESSION_SAVED).session_id or "" for _ in range(4)]
+    assert stack.reader.session(ids[0]).message_count == 3
+    stack.producer.delete_session(A, C, ids[1], source="test")
+    stack.notice(nt.SESSION_DELETED)
+    assert [s.session_id for s in stack.reader.sessions(A, C)] == [ids[3], ids[2], ids[0]]
+    with pytest.raises(Refused, match="no session"):
+        stack.reader.session(ids[1])
+    stack.producer.restore(A, C, ids[1], source="test")
+    assert "deleted" in (stack.notice(nt.COMMAND_REFUSED).text or "")
+    stack.producer.purge_sessions(A, C, 1, source="test")
+    assert stack.notice(nt.SESSIONS_PURGED).text == "deleted 2 sessions, kept the newest 1"
+    assert [s.session_id for s in stack.reader.sessions(A, C)] == [ids[3]]
+    with psycopg.connect(db) as conn:  # the log keeps every message and command
+        kinds = [r[0] for r in conn.execute("SELECT kind FROM events ORDER BY position")]
+    assert kinds.count("save.v1") == 4 and kinds.count("message.v1") == 3
+
+    # Restoring a multi-thread session brings each thread's messages back to it.
+    stack.producer.clear(A, C, source="test")
+    stack.producer.restore(A, C, ids[3], source="test")
+    stack.notice(nt.RESTORE_DONE)
+    assert texts(stack.reader.context(A, C, "t1").messages) == ["thread question", "thread answer"]
+
+
+def test_history_pages_ten_at_a_time_newest_first(stack: Stack) -> None:
+    stack.say("hello")
+    with stack.producer.batch() as b:
+        for i in range(23):
+            b.save(A, C, f"n{i:02d}", source="test")
+    for _ in range(23):
+        stack.notice(nt.SESSION_SAVED)
+    pages = [stack.reader.sessions(A, C, page=p) for p in (1, 2, 3)]
+    assert [len(p) for p in pages] == [10, 10, 3] and pages[0].pages == 3
+    names = [s.description for p in pages for s in p]
+    assert names == [f"n{i:02d}" for i in reversed(range(23))]
+    assert all(s.pending for p in pages for s in p)
+
+
+def test_rebuild_reproduces_sessions_and_restores(stack: Stack, db: str) -> None:
+    stack.say("first")
+    stack.producer.save(A, C, "one", source="test")
+    stack.notice(nt.SESSION_SAVED)
+    stack.run_jobs()
+    stack.notice(nt.SUMMARY_READY)
+    stack.producer.restore(A, C, "last", source="test")
+    stack.notice(nt.RESTORE_DONE)
+    stack.producer.delete_session(A, C, "last", source="test")
+    stack.notice(nt.SESSION_DELETED)
+    snapshot = "SELECT * FROM sessions ORDER BY agent, channel, session_id"
+    conv = "SELECT * FROM conversations ORDER BY agent, channel"
+    with psycopg.connect(db) as conn:
+        before = (conn.execute(snapshot).fetchall(), conn.execute(conv).fetchall())
+        rebuild(conn)
+        after = (conn.execute(snapshot).fetchall(), conn.execute(conv).fetchall())
+        effects = conn.execute("SELECT count(*) FROM effects").fetchone()
+    assert after == before
+    assert effects == (0,)  # nothing resent by the replay
+
+
+def test_compaction_summarises_the_oldest_half_and_keeps_the_context_valid(
+    stack: Stack, rds: redis.Redis
+) -> None:
+    stack.use(LocalSummarizer())
+    stack.producer.configure(A, C, token_budget=200, source="test")
+    words = "the deploy pipeline caches layers keyed by the lockfile hash " * 3
+    for i in range(8):
+        stack.say(f"q{i} {words}")
+        last = stack.say(f"a{i} {words}", "assistant")
+    stack.stored(last)
+    before = stack.valid()
+    assert Queue(SUMMARIES, connection=rds).count == 1  # one compaction job, not one per batch
+    assert not Jobs(rds).compact(A, C)  # a second one is refused while it is queued
+    stack.run_jobs()
+    eventually(lambda: "Summary of the earlier part" in (stack.reader.context(A, C).system or ""))
+    ctx = stack.reader.context(A, C)
+    assert check_messages(ctx.messages) == []
+    assert ctx.token_estimate <= 200
+    kept = texts(ctx.messages)
+    assert kept[0].startswith("q") and kept[-2].startswith("q7") and kept[-1].startswith("a7")
+    assert texts(before)[-1] == kept[-1]

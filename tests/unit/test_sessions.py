@@ -1,0 +1,169 @@
+"""Pure session rules: ids and slugs (hostile descriptions too), previews, compaction
+cuts, and the export file's name and validation."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from producers.context import StoredMessage, build_context
+from schema.errors import Refused
+from tests.support.anthropic_rules import check_messages
+from worker import archive, sessions
+
+AT = dt.datetime(2026, 11, 22, 23, 30, tzinfo=dt.timezone(dt.timedelta(hours=-3)))
+
+
+@pytest.mark.parametrize(
+    ("description", "slug"),
+    [
+        ("Auth refactor", "auth-refactor"),
+        ("  Fix   the   Login  bug ", "fix-the-login-bug"),
+        ("../../etc/passwd", "etcpasswd"),
+        ("'; DROP TABLE sessions; --", "drop-table-sessions"),
+        ("Café crème déjà vu", "cafe-creme-deja-vu"),
+        ("🚀 launch 🚀 day", "launch-day"),
+        ("🚀🔥", ""),
+        ("x" * 10_000, "x" * 40),
+        ("a" * 39 + " b", "a" * 39),  # no trailing hyphen after the cut
+        ("UPPER_case.and/slashes", "uppercaseandslashes"),
+        ("tab\tand\nnewline", "tab-and-newline"),
+    ],
+)
+def test_slug_rules(description: str, slug: str) -> None:
+    assert sessions.slug(description) == slug
+
+
+@given(st.text(max_size=2000))
+def test_any_description_gives_a_safe_id(description: str) -> None:
+    sid = sessions.session_id(AT, description, "first message", ())
+    assert sessions.SESSION_ID.match(sid), sid
+    assert len(sid) <= 11 + 40
+    assert archive.safe_filename(sid) == f"{sid}.json"
+
+
+def test_id_uses_the_utc_date_and_a_hash_without_description() -> None:
+    assert sessions.session_id(AT, "Plan", "hi", ()) == "2026-11-23_plan"  # 02:30 UTC
+    assert sessions.session_id(AT, None, "hi", ()) == "2026-11-23_" + sessions.content_hash("hi")
+    assert sessions.session_id(AT, "🚀", "hi", ()) == "2026-11-23_" + sessions.content_hash("hi")
+    assert len(sessions.content_hash("hi")) == 6
+
+
+def test_collisions_get_numbered_suffixes() -> None:
+    taken = {"2026-11-23_plan", "2026-11-23_plan-2"}
+    assert sessions.session_id(AT, "plan", "x", taken) == "2026-11-23_plan-3"
+    assert sessions.unique("a", set()) == "a"
+
+
+def test_preview_is_one_line_of_at_most_80_characters() -> None:
+    assert sessions.preview("hello\n  world") == "hello world"
+    long = sessions.preview("word " * 100)
+    assert len(long) == 80 and long.endswith("…")
+
+
+def test_text_of_reads_blocks() -> None:
+    content = [
+        {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "4C"}]},
+        {"type": "text", "text": "and sunny"},
+    ]
+    assert sessions.text_of(content) == "4C and sunny"
+
+
+def msg(seq: int, role: str, content: object, tokens: int = 10) -> StoredMessage:
+    return StoredMessage(seq, role, content, tokens)  # type: ignore[arg-type]
+
+
+def test_compaction_cuts_at_a_clean_user_turn_about_half_way() -> None:
+    use = [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]
+    res = [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]
+    window = [
+        msg(1, "user", "q1"),
+        msg(2, "assistant", use),
+        msg(3, "user", res),  # answers a tool call: not a place to cut
+        msg(4, "assistant", "a1"),
+        msg(5, "user", "q2"),
+        msg(6, "assistant", "a2"),
+        msg(7, "user", "q3"),
+        msg(8, "assistant", "a3"),
+    ]
+    through = sessions.compaction_cut(window)
+    assert through == 4  # the first exchange (40 of 80 tokens) is half
+    rest = [m for m in window if m.seq > (through or 0)]
+    assert rest[0].role == "user" and isinstance(rest[0].content, str)
+    assert sessions.compaction_cut(window[:4]) is None  # one exchange: nothing to cut
+
+
+@given(st.lists(st.sampled_from(["q", "a", "use", "res"]), min_size=2, max_size=30))
+def test_what_remains_after_a_cut_is_a_valid_context(kinds: list[str]) -> None:
+    window, tool = [], 0
+    for i, k in enumerate(kinds, start=1):
+        if k == "use":
+            tool += 1
+            window.append(
+                msg(
+                    i,
+                    "assistant",
+                    [{"type": "tool_use", "id": f"t{tool}", "name": "f", "input": {}}],
+                )
+            )
+        elif k == "res":
+            window.append(
+                msg(i, "user", [{"type": "tool_result", "tool_use_id": f"t{tool}", "content": "r"}])
+            )
+        else:
+            window.append(msg(i, "user" if k == "q" else "assistant", k))
+    through = sessions.compaction_cut(window)
+    if through is None:
+        return
+    rest = [m for m in window if m.seq > through]
+    ctx = build_context(rest, budget=10**9)
+    assert ctx.messages and check_messages(ctx.messages) == []
+    assert ctx.first_seq == through + 1  # nothing after the cut is dropped by repair
+
+
+def test_export_file_names_never_leave_the_folder(tmp_path: Path) -> None:
+    for hostile in ("../../etc/passwd", "/etc/passwd", "..", "a/../../b", "\x00x"):
+        path = archive.target(tmp_path, hostile)
+        assert path.parent == tmp_path.resolve(), path
+        assert not path.name.startswith(".")
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"not json", "not valid JSON"),
+        (b"[]", "not a contextlog session export"),
+        (b'{"session_id": "x"}', "missing required field"),
+    ],
+)
+def test_a_bad_import_file_is_refused_with_a_reason(
+    tmp_path: Path, content: bytes, reason: str
+) -> None:
+    path = tmp_path / "f.json"
+    path.write_bytes(content)
+    with pytest.raises(Refused, match=reason):
+        archive.read(path)
+
+
+def test_an_import_file_must_hold_what_it_says(tmp_path: Path) -> None:
+    doc = {
+        "session_id": "2026-11-22_x",
+        "timestamp": "2026-11-22T10:00:00Z",
+        "message_count": 2,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    path = tmp_path / "f.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(Refused, match="message_count is 2 but it holds 1"):
+        archive.read(path)
+    doc["messages"] = [{"role": "robot", "content": "hi"}] * 2
+    path.write_text(json.dumps(doc))
+    with pytest.raises(Refused, match=r"messages\[0\].role"):
+        archive.read(path)
+    with pytest.raises(Refused, match="cannot read"):
+        archive.read(tmp_path / "missing.json")

@@ -1,0 +1,154 @@
+"""`contextlog` subcommands for saved sessions, notifications and the RQ worker."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from producers import ContextReader, Producer
+from producers.notifications import Notifications
+from schema.notices import Notice
+from worker import archive, bootstrap
+from worker.clock import SystemClock
+from worker.config import Settings
+
+console = Console()
+
+
+def _reader(settings: Settings) -> ContextReader:
+    return ContextReader.from_url(settings.database_url, defaults=settings.conversation)
+
+
+def cmd_sessions(settings: Settings, args: argparse.Namespace) -> int:
+    """List saved sessions, newest first, ten a page."""
+    reader = _reader(settings)
+    try:
+        page = reader.sessions(args.agent, args.channel, page=args.page)
+    finally:
+        reader.close()
+    if args.json:
+        print(msgspec.json.encode(page.sessions).decode())
+        return 0
+    where = f"{args.agent}/{args.channel}" if args.channel else args.agent
+    table = Table(title=f"sessions of {escape(where)}, page {page.page} of {page.pages}")
+    for col in ("id", "saved", "messages", "auto", "description", "summary"):
+        table.add_column(col, overflow="fold")
+    for s in page:
+        summary = "(pending)" if s.summary is None else s.summary
+        table.add_row(
+            escape(s.session_id),
+            f"{s.created_at:%Y-%m-%d %H:%M}",
+            str(s.message_count),
+            "auto" if s.auto else "",
+            escape(s.description or s.preview),
+            escape(summary),
+        )
+    console.print(table)
+    return 0
+
+
+def cmd_export(settings: Settings, args: argparse.Namespace) -> int:
+    """Write a session as JSON; the default file name comes from the sanitised id."""
+    reader = _reader(settings)
+    try:
+        info, messages = reader.session_messages(
+            args.session_id, agent=args.agent, channel=args.channel
+        )
+    finally:
+        reader.close()
+    output = Path(args.output) if args.output else None
+    path = archive.write(
+        archive.document(info, messages), archive.target(Path.cwd(), info.session_id, output)
+    )
+    print(path)
+    return 0
+
+
+def cmd_import(settings: Settings, args: argparse.Namespace) -> int:
+    """Validate an export file and create a session from it in a conversation."""
+    doc = archive.read(Path(args.file))
+    producer = Producer.from_url(
+        settings.redis_url, shards=settings.shards, max_entry_bytes=settings.max_entry_bytes
+    )
+    try:
+        evts = archive.events(doc, args.agent, args.channel, SystemClock().now(), args.source)
+        print(archive.push(producer, evts))
+    finally:
+        producer.close()
+    return 0
+
+
+def _notice_line(n: Notice) -> str:
+    what = f"[{n.kind}] {n.agent}/{n.channel}"
+    if n.session_id:
+        what += f" {n.session_id}"
+    return what + (f": {n.text}" if n.text else "")
+
+
+def cmd_notifications(settings: Settings, args: argparse.Namespace) -> int:
+    """Print an adapter's notifications (acknowledging them), or follow them."""
+    reader = Notifications(bootstrap.redis_client(settings), args.source, group=args.group)
+    try:
+        while True:
+            batch = reader.read(count=100, block_ms=1000 if args.follow else None)
+            for n in batch:
+                if args.json:
+                    print(msgspec.json.encode(n).decode(), flush=True)
+                else:
+                    print(_notice_line(n), flush=True)
+            reader.ack(batch)
+            if not batch and not args.follow:
+                return 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        reader.close()
+
+
+def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
+    """Run an RQ worker on the `summaries` and `idle` queues (with RQ's scheduler)."""
+    bootstrap.run_migrations(settings)
+    w = bootstrap.build_worker(settings)
+    w.work(burst=args.burst, with_scheduler=True, logging_level=settings.log_level.upper())
+    return 0
+
+
+def add_parsers(sub: Any) -> None:
+    """The session, notification and worker subcommands."""
+    s = sub.add_parser("sessions", help="list saved sessions, newest first")
+    s.add_argument("agent")
+    s.add_argument("--channel")
+    s.add_argument("--page", type=int, default=1)
+    s.add_argument("--json", action="store_true")
+    e = sub.add_parser("export", help="write a saved session as a JSON file")
+    e.add_argument("session_id")
+    e.add_argument("--agent", help="the session's agent (refused if it is another's)")
+    e.add_argument("--channel")
+    e.add_argument("-o", "--output", help="file to write (default: <id>.json here)")
+    i = sub.add_parser("import", help="create a session from an exported JSON file")
+    i.add_argument("file")
+    i.add_argument("--agent", required=True)
+    i.add_argument("--channel", required=True)
+    i.add_argument("--source", default="cli", help="adapter told when it is done")
+    n = sub.add_parser("notifications", help="print an adapter's notifications")
+    n.add_argument("source", nargs="?", default="cli")
+    n.add_argument("--group", default="cli")
+    n.add_argument("--follow", "-f", action="store_true")
+    n.add_argument("--json", action="store_true")
+    w = sub.add_parser("worker", help="run jobs: summaries, compaction, idle saves")
+    w.add_argument("--burst", action="store_true", help="exit when the queues are empty")
+
+
+COMMANDS = {
+    "sessions": cmd_sessions,
+    "export": cmd_export,
+    "import": cmd_import,
+    "notifications": cmd_notifications,
+    "worker": cmd_worker,
+}
