@@ -156,7 +156,7 @@ def test_save_summary_history_restore_export_import(
     doc = json.loads(exported.read_text())
     assert doc["session_id"] == saved.session_id and doc["message_count"] == 2
     assert doc["summary"] == ready.text
-    assert [m["content"] for m in doc["messages"]][0] == "How should I split the auth module?"
+    assert doc["messages"][0]["content"] == "How should I split the auth module?"
     assert {"timestamp", "token_estimate", "window_start", "window_end"} <= doc.keys()
 
     assert (
