@@ -209,29 +209,35 @@ class PostgresEventLog:
         return [a for a in batch if a.event.event_id not in stored]
 
     def _insert(self, cur: psycopg.Cursor[TupleRow], fresh: list[Accepted]) -> list[Effect]:
-        """Per segment: fold the projections (reserving sequence numbers), COPY the rows,
-        then apply the command that ends the segment, if any."""
+        """Per round: fold the projections (reserving sequence numbers), COPY the rows,
+        then apply the commands that end the round."""
         effects: list[Effect] = []
         compact: set[tuple[str, str]] = set()
-        for segment in projection.segments(fresh, lambda a: ev.kind_of(a.event) in COMMANDS):
-            rows = [row_of(a.event) for a in segment]
+        rows_of = {id(a): row_of(a.event) for a in fresh}
+        for segment in projection.rounds(
+            fresh,
+            lambda a: (a.event.agent, a.event.channel),
+            lambda a: rows_of[id(a)].kind in COMMANDS,
+        ):
+            rows = [rows_of[id(a)] for a in segment]
             convs, threads = projection.fold(rows)
             applied = projection.apply(cur, convs, threads, self.defaults.token_budget)
             compact.update(applied.to_compact)
             next_seq = {k: base + 1 for k, base in applied.bases.items()}
-            lines = []
+            lines, commands = [], []
             for a, row in zip(segment, rows, strict=True):
                 key = (row.agent, row.channel)
                 seq = next_seq[key]
                 next_seq[key] = seq + 1
                 lines.append(copy_line(a, seq, row.tokens))
+                if row.kind in COMMANDS:
+                    commands.append((a.event, seq))
             # One write of preformatted text: psycopg's per-row adaptation was a third
             # of ingest's CPU time.
             with cur.copy(query("copy_events")) as copy:
                 copy.write(b"".join(lines))
-            last = segment[-1].event
-            if ev.kind_of(last) in COMMANDS:
-                effects += handle(cur, last, seq, self.defaults)
+            for event, seq in commands:
+                effects += handle(cur, event, seq, self.defaults)
         effects += [Effect(COMPACT, {"agent": a, "channel": c}) for a, c in sorted(compact)]
         return effects
 

@@ -159,15 +159,24 @@ def apply(
 
 
 T = TypeVar("T")
+K = TypeVar("K")
 
 
-def segments(items: Sequence[T], is_command: Callable[[T], bool]) -> Iterator[Sequence[T]]:
-    """Split after each command: a command's handler then sees the projections as of
-    itself. A batch without commands (the common case) is one segment."""
-    start = 0
-    for i, item in enumerate(items):
+def rounds(
+    items: Sequence[T], key: Callable[[T], K], is_command: Callable[[T], bool]
+) -> Iterator[list[T]]:
+    """Split a batch so each command's handler sees its conversation's projections as of
+    itself: round k holds each conversation's events up to and including its k-th
+    command. Only a conversation's own order matters (sequence numbers are per
+    conversation), so a batch needs as many rounds as its busiest conversation has
+    commands, usually one."""
+    per_conv: dict[K, list[list[T]]] = {}
+    for item in items:
+        parts = per_conv.setdefault(key(item), [[]])
+        parts[-1].append(item)
         if is_command(item):
-            yield items[start : i + 1]
-            start = i + 1
-    if start < len(items):
-        yield items[start:]
+            parts.append([])
+    for k in range(max((len(p) for p in per_conv.values()), default=0)):
+        batch = [item for parts in per_conv.values() if k < len(parts) for item in parts[k]]
+        if batch:
+            yield batch

@@ -53,8 +53,8 @@ def rebuild(
 def _replay(
     cur: psycopg.Cursor[TupleRow], rows: list[tuple[Any, ...]], d: ConversationDefaults
 ) -> None:
-    """Fold a chunk segment by segment, applying each command as live ingest does."""
-    for segment in projection.segments(rows, lambda r: r[3] in COMMANDS):
+    """Fold a chunk round by round, applying the commands as live ingest does."""
+    for segment in projection.rounds(rows, lambda r: (r[0], r[1]), lambda r: r[3] in COMMANDS):
         projection.apply(
             cur,
             *projection.fold(
@@ -71,6 +71,6 @@ def _replay(
             ),
             d.token_budget,
         )
-        last = segment[-1]
-        if last[3] in COMMANDS:
-            handle(cur, codec.decode(last[7].encode(), max_bytes=1 << 30), int(last[6]), d)
+        for r in segment:
+            if r[3] in COMMANDS:
+                handle(cur, codec.decode(r[7].encode(), max_bytes=1 << 30), int(r[6]), d)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
+import time
 from typing import Any
 
 import psycopg
@@ -18,11 +19,14 @@ from worker.rebuild import rebuild
 T0 = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
 
 
-def snapshot(url: str) -> tuple[list[Any], list[Any]]:
+def snapshot(url: str) -> tuple[list[Any], list[Any], list[Any]]:
     with psycopg.connect(url) as conn:
         convs = conn.execute("SELECT * FROM conversations ORDER BY agent, channel").fetchall()
         threads = conn.execute("SELECT * FROM threads ORDER BY agent, channel, thread").fetchall()
-    return convs, threads
+        sessions = conn.execute(
+            "SELECT * FROM sessions ORDER BY agent, channel, session_id"
+        ).fetchall()
+    return convs, threads, sessions
 
 
 def push_random_log(producer: Producer, n: int, seed: int) -> None:
@@ -36,6 +40,12 @@ def push_random_log(producer: Producer, n: int, seed: int) -> None:
                 roll = rng.random()
                 if roll < 0.02:
                     b.clear(agent, channel, occurred_at=at)
+                elif roll < 0.024:
+                    b.save(agent, channel, rng.choice([None, "work", "Work!"]), occurred_at=at)
+                elif roll < 0.026:
+                    b.restore(agent, channel, rng.choice(["last", "nope"]), occurred_at=at)
+                elif roll < 0.027:
+                    b.purge_sessions(agent, channel, rng.randrange(3), occurred_at=at)
                 elif roll < 0.03:
                     b.configure(
                         agent,
@@ -64,8 +74,12 @@ def test_rebuild_equals_live_for_100000_random_events(db: str, redis_url: str) -
     live = snapshot(db)
     assert len(live[0]) == 200 and len(live[1]) > 200
     assert any(row[3] > 0 for row in live[0])  # some conversations were cleared
+    assert len(live[2]) > 100 and any(s[19] is not None for s in live[2])  # saved, purged
+    assert any(c[-1] is not None for c in live[0])  # and restored
     with psycopg.connect(db) as conn:
+        started = time.monotonic()
         assert rebuild(conn, chunk=7_000) == 100_000  # chunks cut across conversations
+        print(f"rebuild took {time.monotonic() - started:.1f}s")
     assert snapshot(db) == live
 
 

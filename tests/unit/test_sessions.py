@@ -15,6 +15,7 @@ from producers.context import StoredMessage, build_context
 from schema.errors import Refused
 from tests.support.anthropic_rules import check_messages
 from worker import archive, sessions
+from worker.projection import rounds
 
 AT = dt.datetime(2026, 11, 22, 23, 30, tzinfo=dt.timezone(dt.timedelta(hours=-3)))
 
@@ -167,3 +168,10 @@ def test_an_import_file_must_hold_what_it_says(tmp_path: Path) -> None:
         archive.read(path)
     with pytest.raises(Refused, match="cannot read"):
         archive.read(tmp_path / "missing.json")
+
+
+def test_rounds_keep_each_conversations_order_and_end_at_its_commands() -> None:
+    batch = ["a1", "b1", "A!", "a2", "b2", "B!", "A!", "b3"]  # capitals are commands
+    got = list(rounds(batch, lambda e: e[0].lower(), lambda e: e.endswith("!")))
+    assert got == [["a1", "A!", "b1", "b2", "B!"], ["a2", "A!", "b3"]]
+    assert list(rounds([], str, bool)) == []
