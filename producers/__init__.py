@@ -1,20 +1,26 @@
-"""What adapters import: push events, read context (and, later, sessions, notifications)."""
+"""What adapters import: push events, read context and sessions, receive notifications."""
 
 from producers.commands import Batch
 from producers.context import Context
+from producers.history import SessionInfo, SessionPage
+from producers.notifications import AsyncNotifications, Notifications
 from producers.producer import AsyncProducer, Producer
 from producers.reader import AsyncContextReader, ContextReader
+from schema import notices
 from schema.errors import (
     ConfigError,
     ContextlogError,
     EventRejected,
     EventTooLarge,
     NotVisible,
+    Refused,
     Unavailable,
 )
+from schema.notices import Notice
 
 __all__ = [
     "AsyncContextReader",
+    "AsyncNotifications",
     "AsyncProducer",
     "Batch",
     "ConfigError",
@@ -24,6 +30,12 @@ __all__ = [
     "EventRejected",
     "EventTooLarge",
     "NotVisible",
+    "Notice",
+    "Notifications",
     "Producer",
+    "Refused",
+    "SessionInfo",
+    "SessionPage",
     "Unavailable",
+    "notices",
 ]

@@ -7,14 +7,14 @@ restart) until it is acknowledged, so handle each one idempotently, keyed by `no
     for notice in notes:              # blocks; acks each notice once the loop body is done
         ...
 
-or `read()` a batch and `ack()` it when handled. A notice left unacknowledged by a
-consumer that never comes back under the same name stays pending in the group, so give a
-stable `consumer=` when the default (hostname-pid) changes on every restart.
+or `read()` a batch and `ack()` it when handled. What a consumer left unacknowledged is
+delivered again when a consumer of the same name reads: the default name is the host
+name, so an adapter restarted on the same host gets it back. Give each of several
+processes of one adapter its own stable `consumer=`.
 """
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import AsyncGenerator, Generator, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -39,8 +39,8 @@ Entry = tuple[str, Mapping[Any, Any]]  # (entry id, fields); no fields: trimmed 
 
 
 def default_consumer() -> str:
-    """This process's consumer name: hostname-pid."""
-    return f"{socket.gethostname()}-{os.getpid()}"
+    """The default consumer name, the host name: stable across restarts."""
+    return socket.gethostname()
 
 
 def _str(value: bytes | str) -> str:

@@ -12,13 +12,14 @@ from dataclasses import dataclass
 
 import psycopg
 import redis
+import structlog
 from psycopg.rows import TupleRow
 from rq import Queue, SimpleWorker
 
 from producers.producer import Producer
 from producers.reader import ContextReader
 from schema import keys
-from schema.errors import ConfigError, Unavailable
+from schema.errors import ConfigError, ContextlogError, Unavailable
 from worker.clock import Clock, SystemClock
 from worker.config import Settings
 from worker.eventlog import EventLog, PostgresEventLog, migrate
@@ -30,6 +31,7 @@ from worker.streams import Streams
 from worker.summarize import AnthropicSummarizer, LocalSummarizer, Summarizer, make_client
 
 PgConn = psycopg.Connection[TupleRow]
+log = structlog.get_logger("contextlog.bootstrap")
 
 
 def redis_client(settings: Settings) -> redis.Redis:
@@ -160,3 +162,21 @@ def build_worker(settings: Settings) -> SimpleWorker:
     client = redis_client(settings)
     queues = [Queue(name, connection=client) for name in (SUMMARIES, IDLE)]
     return SimpleWorker(queues, connection=client, name=f"contextlog-{settings.consumer}")
+
+
+SUMMARY_GRACE_S = 120.0  # a summary missing this long after its save is queued again
+
+
+def sweep_forever(settings: Settings, stop: threading.Event) -> None:
+    """The worker's reconciliation: at start, then every CONTEXTLOG_SWEEP_SECONDS, queue
+    again the summaries whose jobs were lost (Redis data loss, a dead worker)."""
+    res = resources()
+    jobs = relay(settings).jobs
+    while True:
+        try:
+            if n := jobs.requeue_pending(res.reader, res.clock.now(), SUMMARY_GRACE_S):
+                log.info("lost summary jobs queued again", count=n)
+        except (ContextlogError, redis.RedisError, psycopg.Error) as e:
+            log.warning("sweep failed, retrying later", error=str(e))
+        if stop.wait(settings.sweep_seconds):
+            return

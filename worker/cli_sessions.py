@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +116,15 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     """Run an RQ worker on the `summaries` and `idle` queues (with RQ's scheduler)."""
     bootstrap.run_migrations(settings)
     w = bootstrap.build_worker(settings)
-    w.work(burst=args.burst, with_scheduler=True, logging_level=settings.log_level.upper())
+    stop = threading.Event()
+    sweeper = threading.Thread(
+        target=bootstrap.sweep_forever, args=(settings, stop), name="sweeper", daemon=True
+    )
+    sweeper.start()
+    try:
+        w.work(burst=args.burst, with_scheduler=True, logging_level=settings.log_level.upper())
+    finally:
+        stop.set()
     return 0
 
 

@@ -25,6 +25,7 @@ DEFAULT_BACKOFF_MAX: Final = 10.0
 DEFAULT_SUMMARY_MODEL: Final = "claude-haiku-4-5"
 DEFAULT_SUMMARY_ATTEMPTS: Final = 4
 DEFAULT_SUMMARY_TIMEOUT: Final = 30.0
+DEFAULT_SWEEP_SECONDS: Final = 300.0
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 LOG_FORMATS: Final = ("json", "console")
 
@@ -56,6 +57,7 @@ class Settings:
     summary_model: str = DEFAULT_SUMMARY_MODEL
     summary_attempts: int = DEFAULT_SUMMARY_ATTEMPTS
     summary_timeout: float = DEFAULT_SUMMARY_TIMEOUT
+    sweep_seconds: float = DEFAULT_SWEEP_SECONDS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -96,6 +98,9 @@ class Settings:
             ),
             summary_timeout=r.get(
                 "CONTEXTLOG_SUMMARY_TIMEOUT", DEFAULT_SUMMARY_TIMEOUT, _float_in(0.1, 600)
+            ),
+            sweep_seconds=r.get(
+                "CONTEXTLOG_SWEEP_SECONDS", DEFAULT_SWEEP_SECONDS, _float_in(1, 86400)
             ),
         )
 

@@ -19,10 +19,11 @@ import redis
 import structlog
 from rq import Queue
 from rq.exceptions import DuplicateJobError
+from rq.job import JobStatus
 
 from producers.context import StoredMessage
 from producers.ids import derived_id
-from producers.reader import stored, window_params
+from producers.reader import ContextReader, stored, window_params
 from schema import events as ev
 from schema.errors import Refused
 from schema.queries import query
@@ -39,6 +40,7 @@ IDLE: Final = "idle"
 JOB_SOURCE: Final = "contextlog-jobs"  # the namespace of derived result event ids
 RESULT_TTL: Final = 3600  # finished jobs stay visible in rq-dashboard for an hour
 FAILURE_TTL: Final = 7 * 86400
+_DEAD: Final = (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED)
 
 
 def job_key(*parts: str) -> str:
@@ -89,8 +91,28 @@ class Jobs:
                 unique=True,  # refused, not overwritten, while the id is taken
             )
         except DuplicateJobError:
-            return False
+            return self._replace_dead(job_id, func, args, description, result_ttl)
         return True
+
+    def _replace_dead(
+        self, job_id: str, func: str, args: tuple[str, ...], description: str, result_ttl: int
+    ) -> bool:
+        """A job id held by a failed or stopped job (a worker died in it) is freed; one
+        still queued, scheduled or running is left alone."""
+        job = self.summaries.fetch_job(job_id)
+        if job is None or job.get_status(refresh=True) not in _DEAD:
+            return False
+        job.delete()
+        return self._enqueue(
+            func, args, job_id=job_id, description=description, result_ttl=result_ttl
+        )
+
+    def requeue_pending(self, reader: ContextReader, now: dt.datetime, grace: float) -> int:
+        """Queue again the summaries still missing `grace` seconds after their save."""
+        params = {"now": now, "grace": grace, "limit": 10_000}
+        with reader.connection() as conn:
+            rows = conn.execute(query("pending_summaries"), params).fetchall()
+        return sum(self.summarize(*row) for row in rows)
 
 
 # -- the core, called with explicit resources ---------------------------------------

@@ -163,3 +163,11 @@ SELECT agent, channel, session_id, created_at, description, summary, message_cou
 FROM sessions
 WHERE session_id = %(session_id)s AND deleted_at IS NULL
 ORDER BY agent, channel LIMIT 50;
+
+-- name: pending_summaries
+-- Sessions whose summary has not landed after a grace period: their job was lost
+-- (a crash between commit and relay is covered by `effects`; this covers the rest).
+SELECT agent, channel, session_id FROM sessions
+WHERE summary IS NULL AND deleted_at IS NULL
+  AND created_at < %(now)s::timestamptz - make_interval(secs => %(grace)s)
+ORDER BY created_at LIMIT %(limit)s;

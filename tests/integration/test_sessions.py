@@ -3,6 +3,7 @@ mode, the Anthropic API faked at its HTTP transport."""
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 from collections.abc import Iterator
@@ -16,9 +17,12 @@ import redis
 from rq import Queue, SimpleWorker
 
 from producers import ContextReader, Producer
+from producers.ids import uuid7
 from producers.notifications import Notifications
+from schema import codec
+from schema import events as ev
 from schema import notices as nt
-from schema.errors import Refused
+from schema.errors import Refused, Unavailable
 from schema.notices import Notice
 from tests.support.anthropic_rules import check_messages
 from tests.support.fake_anthropic import FakeAPI, Outcome, client_for
@@ -26,8 +30,11 @@ from tests.support.running import eventually, running, settings_for
 from worker import bootstrap, cli
 from worker.clock import SystemClock
 from worker.config import Settings
+from worker.eventlog import Accepted, PostgresEventLog
 from worker.jobs import SUMMARIES, Jobs
+from worker.notify import MemoryNotifier
 from worker.rebuild import rebuild
+from worker.relay import Relay
 from worker.summarize import FAILED_TEXT, AnthropicSummarizer, LocalSummarizer, Summarizer
 
 A, C = "alpha", "general"
@@ -349,3 +356,71 @@ def test_compaction_summarises_the_oldest_half_and_keeps_the_context_valid(
     kept = texts(ctx.messages)
     assert kept[0].startswith("q") and kept[-2].startswith("q7") and kept[-1].startswith("a7")
     assert texts(before)[-1] == kept[-1]
+
+
+class Exploding:
+    """A summarizer whose process dies mid-job, as far as RQ can tell."""
+
+    def summarize(self, messages: Any, *, previous: str | None = None, purpose: str = "") -> Any:
+        raise RuntimeError("worker lost")
+
+
+def test_lost_and_failed_summary_jobs_are_queued_again(stack: Stack, rds: redis.Redis) -> None:
+    stack.use(LocalSummarizer())
+    jobs = Jobs(rds)
+    now = dt.datetime.now(dt.UTC)
+    stack.say("first")
+    stack.producer.save(A, C, "lost", source="test")
+    stack.notice(nt.SESSION_SAVED)
+    Queue(SUMMARIES, connection=rds).empty()  # Redis lost the queued job
+    assert jobs.requeue_pending(stack.reader, now, grace=120) == 0  # still in its grace time
+    assert jobs.requeue_pending(stack.reader, now + dt.timedelta(minutes=3), grace=120) == 1
+    stack.use(Exploding())
+    stack.run_jobs()  # the job fails; the session stays pending
+    assert stack.reader.session(stack.reader.sessions(A).sessions[0].session_id).pending
+    stack.use(LocalSummarizer())
+    assert jobs.requeue_pending(stack.reader, now + dt.timedelta(minutes=3), grace=120) == 1
+    assert jobs.requeue_pending(stack.reader, now + dt.timedelta(minutes=3), grace=120) == 0
+    stack.run_jobs()
+    assert stack.notice(nt.SUMMARY_READY).local
+
+
+class DownNotifier:
+    def publish(self, notices: Any) -> None:
+        raise Unavailable("redis is down")
+
+
+@dataclass
+class RecordingJobs:
+    calls: list[tuple[str, ...]] = field(default_factory=list)
+
+    def summarize(self, agent: str, channel: str, session_id: str) -> bool:
+        self.calls.append(("summarize", agent, channel, session_id))
+        return True
+
+    def compact(self, agent: str, channel: str) -> bool:
+        self.calls.append(("compact", agent, channel))
+        return True
+
+
+def test_effects_survive_an_outage_between_commit_and_relay(db: str) -> None:
+    jobs = RecordingJobs()
+    down = PostgresEventLog(psycopg.connect(db), relay=Relay(DownNotifier(), jobs))  # type: ignore[arg-type]
+    at = dt.datetime.now(dt.UTC)
+    common: dict[str, Any] = {"agent": A, "channel": C, "occurred_at": at, "source": "bot"}
+    batch = [
+        ev.MessagePosted(event_id=uuid7(), role="user", content="hi", **common),
+        ev.SessionSaveRequested(event_id=uuid7(), description="x", **common),
+    ]
+    accepted = [Accepted(f"{i}-0", e, codec.encode(e)) for i, e in enumerate(batch, 1)]
+    assert down.append(0, 1, accepted) == 2  # committed, though the relay failed
+    assert jobs.calls == []
+    notifier = MemoryNotifier()
+    up = PostgresEventLog(psycopg.connect(db), relay=Relay(notifier, jobs))  # type: ignore[arg-type]
+    assert up.flush_effects(older_than=60) == 0  # a batch's own relay may still be at it
+    assert up.flush_effects(older_than=0) == 2
+    assert [n.kind for n in notifier.of("bot")] == [nt.SESSION_SAVED]
+    assert jobs.calls == [("summarize", A, C, f"{at:%Y-%m-%d}_x")]
+    assert up.flush_effects(older_than=0) == 0  # sent once
+    down.close()
+    up.close()
