@@ -60,9 +60,10 @@ class Producer(_Base, Commands[str]):
     def _send(self, event: ev.Event) -> str:
         return self.send_prepared([self.encoder.prepare(event)])[0]
 
-    def push_many(self, events: Iterable[ev.Event]) -> list[str]:
-        """Send many events in one pipeline; returns their ids in order."""
-        return self.send_prepared([self.encoder.prepare(e) for e in events])
+    def push_many(self, events: Iterable[ev.Event], *, atomic: bool = False) -> list[str]:
+        """Send many events in one pipeline; returns their ids in order. `atomic`: all or
+        none are added (MULTI; the events must share one shard, as one conversation's do)."""
+        return self.send_prepared([self.encoder.prepare(e) for e in events], atomic=atomic)
 
     @contextmanager
     def batch(self) -> Iterator[Batch]:
@@ -71,13 +72,13 @@ class Producer(_Base, Commands[str]):
         yield b
         self.send_prepared(b.prepared)
 
-    def send_prepared(self, prepared: list[Prepared]) -> list[str]:
+    def send_prepared(self, prepared: list[Prepared], *, atomic: bool = False) -> list[str]:
         """XADD already-checked entries in one round trip."""
         try:
             if not self._shards_checked:
                 _check_shards(self.redis.get(keys.SHARDS_KEY), self.encoder.shards)
                 self._shards_checked = True
-            pipe = self.redis.pipeline(transaction=False)
+            pipe = self.redis.pipeline(transaction=atomic)
             for p in prepared:
                 pipe.xadd(p.stream, {codec.ENTRY_FIELD: p.payload})
             pipe.execute()

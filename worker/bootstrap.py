@@ -20,9 +20,11 @@ from producers.producer import Producer
 from producers.reader import ContextReader
 from schema import keys
 from schema.errors import ConfigError, ContextlogError, Unavailable
+from worker import idle
 from worker.clock import Clock, SystemClock
 from worker.config import Settings
 from worker.eventlog import EventLog, PostgresEventLog, migrate
+from worker.idle import Timers
 from worker.ingest import Ingest
 from worker.jobs import IDLE, SUMMARIES, Jobs
 from worker.notify import RedisNotifier
@@ -54,7 +56,7 @@ def relay(settings: Settings, client: redis.Redis | None = None) -> Relay:
     """Where committed effects go: notices to adapter streams, jobs to RQ."""
     client = client or redis_client(settings)
     timeout = int(settings.summary_timeout * settings.summary_attempts * 2) + 60
-    return Relay(RedisNotifier(client), Jobs(client, job_timeout=timeout))
+    return Relay(RedisNotifier(client), Jobs(client, job_timeout=timeout), Timers(client))
 
 
 def open_event_log(settings: Settings, client: redis.Redis | None = None) -> Callable[[], EventLog]:
@@ -80,6 +82,7 @@ class Resources:
     producer: Producer
     summarizer: Summarizer
     clock: Clock
+    timers: Timers
 
 
 def summarizer(settings: Settings) -> Summarizer:
@@ -96,12 +99,14 @@ def summarizer(settings: Settings) -> Summarizer:
 
 def build_resources(settings: Settings, clock: Clock | None = None) -> Resources:
     """Resources for jobs; nothing connects until first used."""
+    client = redis_client(settings)
     return Resources(
         settings=settings,
         reader=ContextReader.from_url(settings.database_url, defaults=settings.conversation),
-        producer=Producer(redis_client(settings), shards=settings.shards),
+        producer=Producer(client, shards=settings.shards),
         summarizer=summarizer(settings),
         clock=clock or SystemClock(),
+        timers=Timers(client),
     )
 
 
@@ -160,22 +165,37 @@ def build_worker(settings: Settings) -> SimpleWorker:
     """
     install(build_resources(settings))
     client = redis_client(settings)
-    queues = [Queue(name, connection=client) for name in (SUMMARIES, IDLE)]
-    return SimpleWorker(queues, connection=client, name=f"contextlog-{settings.consumer}")
+    queues = [Queue(name, connection=client) for name in (IDLE, SUMMARIES)]
+    return SimpleWorker(
+        queues,
+        connection=client,
+        name=f"contextlog-{settings.consumer}",
+        # RQ's scheduler runs in one worker, under a lock that expires 61 s after its
+        # holder dies; the others try to take it at each maintenance pass. RQ's default
+        # pass is every 10 min; every 30 s (and a 25 s dequeue wait, from worker_ttl)
+        # makes due timers fire within ~90 s of the scheduler's worker dying.
+        maintenance_interval=MAINTENANCE_S,
+        worker_ttl=WORKER_TTL_S,
+    )
 
 
 SUMMARY_GRACE_S = 120.0  # a summary missing this long after its save is queued again
+MAINTENANCE_S = 30
+WORKER_TTL_S = 40
 
 
 def sweep_forever(settings: Settings, stop: threading.Event) -> None:
     """The worker's reconciliation: at start, then every CONTEXTLOG_SWEEP_SECONDS, queue
-    again the summaries whose jobs were lost (Redis data loss, a dead worker)."""
+    again the summaries whose jobs were lost and re-arm the idle timers Redis lost
+    (Redis data loss, a worker that died in a job)."""
     res = resources()
     jobs = relay(settings).jobs
     while True:
         try:
             if n := jobs.requeue_pending(res.reader, res.clock.now(), SUMMARY_GRACE_S):
                 log.info("lost summary jobs queued again", count=n)
+            if n := idle.sweep(res.reader, res.timers, res.clock.now()):
+                log.info("idle timers re-armed", count=n)
         except (ContextlogError, redis.RedisError, psycopg.Error) as e:
             log.warning("sweep failed, retrying later", error=str(e))
         if stop.wait(settings.sweep_seconds):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections import Counter
 from collections.abc import Sequence
@@ -20,7 +21,7 @@ from schema.defaults import ConversationDefaults
 from schema.errors import Conflict, Fenced, MigrationError, StorageRefused, Unavailable
 from schema.queries import migrations, query
 from worker import projection
-from worker.handlers import COMMANDS, COMPACT, Effect, handle
+from worker.handlers import ARM, COMMANDS, COMPACT, Effect, handle
 from worker.relay import Relay
 
 log = structlog.get_logger("contextlog.eventlog")
@@ -163,7 +164,7 @@ class PostgresEventLog:
                     (len(fresh), shard),
                 )
             effects = self._insert(cur, fresh) if fresh else []
-            durable = [x for x in effects if x.kind != COMPACT]
+            durable = [x for x in effects if x.kind not in (COMPACT, ARM)]
             ids = self._store_effects(cur, durable) if durable else []
         if effects and self.relay is not None:
             self._relay(effects, ids)
@@ -213,6 +214,7 @@ class PostgresEventLog:
         then apply the commands that end the round."""
         effects: list[Effect] = []
         compact: set[tuple[str, str]] = set()
+        deadlines: dict[tuple[str, str], dt.datetime] = {}
         rows_of = {id(a): row_of(a.event) for a in fresh}
         for segment in projection.rounds(
             fresh,
@@ -223,6 +225,10 @@ class PostgresEventLog:
             convs, threads = projection.fold(rows)
             applied = projection.apply(cur, convs, threads, self.defaults.token_budget)
             compact.update(applied.to_compact)
+            for key, timeout, activity in applied.active:
+                timeout = self.defaults.idle_timeout if timeout is None else timeout
+                if timeout > 0:
+                    deadlines[key] = activity + dt.timedelta(seconds=timeout)
             next_seq = {k: base + 1 for k, base in applied.bases.items()}
             lines, commands = [], []
             for a, row in zip(segment, rows, strict=True):
@@ -239,6 +245,10 @@ class PostgresEventLog:
             for event, seq in commands:
                 effects += handle(cur, event, seq, self.defaults)
         effects += [Effect(COMPACT, {"agent": a, "channel": c}) for a, c in sorted(compact)]
+        effects += [
+            Effect(ARM, {"agent": a, "channel": c, "due": due})
+            for (a, c), due in sorted(deadlines.items())
+        ]
         return effects
 
 
@@ -295,6 +305,7 @@ def row_of(event: ev.AnyEvent) -> projection.Row:
         event.occurred_at,
         settings,
         tokens_of(event),
+        event.source,
     )
 
 

@@ -26,6 +26,7 @@ Cursor = psycopg.Cursor[TupleRow]
 NOTICE = "notice"
 SUMMARIZE = "summarize"
 COMPACT = "compact"
+ARM = "arm"  # an idle timer (agent, channel, due): kept in Redis, re-armed by the sweep
 
 
 @dataclass(frozen=True)
@@ -137,8 +138,11 @@ def create_session(
             "summary_local": False,
         },
     )
-    kind = nt.SESSION_IMPORTED if isinstance(e, ev.SessionImported) else nt.SESSION_SAVED
-    text = f"saved session {sid} ({len(rows)} messages)"
+    if isinstance(e, ev.SessionImported):
+        kind, text = nt.SESSION_IMPORTED, f"imported session {sid} ({len(rows)} messages)"
+    else:
+        kind, text = nt.SESSION_SAVED, f"saved session {sid} ({len(rows)} messages)"
+        cur.execute(query("mark_saved"), {**_key(e), "seq": seq})
     effects = notice(e, kind, text, session_id=sid, auto=auto)
     if summary is None:
         effects.append(Effect(SUMMARIZE, {**_key(e), "session_id": sid}))

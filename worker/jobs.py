@@ -27,7 +27,7 @@ from producers.reader import ContextReader, stored, window_params
 from schema import events as ev
 from schema.errors import Refused
 from schema.queries import query
-from worker import sessions
+from worker import idle, sessions
 from worker.summarize import Summarizer, Summary
 
 if TYPE_CHECKING:
@@ -244,3 +244,15 @@ def compact_conversation(agent: str, channel: str) -> str:
     from worker.bootstrap import resources
 
     return run_compaction(resources(), agent, channel)
+
+
+def idle_check(agent: str, channel: str) -> str:
+    """RQ job on `idle`: the conversation's idle deadline passed (or was due)."""
+    from rq import get_current_job
+
+    from worker.bootstrap import resources
+
+    res = resources()
+    job = get_current_job()
+    assert job is not None
+    return idle.check(res, res.timers, agent, channel, job.id)

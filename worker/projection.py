@@ -35,6 +35,7 @@ class Row(NamedTuple):
     occurred_at: dt.datetime
     settings: dict[str, int] | None = None  # the fields a configure event sets
     tokens: int = 0  # a message's token estimate
+    source: str | None = None  # the adapter a message came from
 
 
 @dataclass
@@ -42,6 +43,8 @@ class ConversationChange:
     """A batch's effect on one conversation; offsets count its events in the batch, from 1."""
 
     count: int = 0
+    message_offset: int = 0  # the batch's last message of this conversation
+    source: str | None = None
     cleared_offset: int = 0
     cleared_at: dt.datetime | None = None
     settings: dict[str, int] = field(default_factory=dict)
@@ -75,6 +78,8 @@ def fold(
         c = convs.setdefault((r.agent, r.channel), ConversationChange())
         c.count += 1
         if r.kind == MESSAGE:
+            c.message_offset = c.count
+            c.source = r.source or c.source
             c.last_activity_at = _later(c.last_activity_at, r.occurred_at)
             t = threads.setdefault((r.agent, r.channel, r.thread), ThreadChange())
             t.messages += 1
@@ -97,6 +102,9 @@ class Applied(NamedTuple):
 
     bases: dict[Conv, int]  # each conversation's last seq before the batch
     to_compact: list[Conv]  # conversations with a thread past the compaction threshold
+    # Conversations with new messages: (key, idle timeout or None for the default,
+    # last activity), what the idle timer needs.
+    active: list[tuple[Conv, int | None, dt.datetime]]
 
 
 def apply(
@@ -123,6 +131,8 @@ def apply(
                         "cleared": c.cleared_offset,
                         "cleared_at": c.cleared_at,
                         "activity": c.last_activity_at,
+                        "message": c.message_offset,
+                        "source": c.source,
                         **c.settings,
                     }
                     for k in keys
@@ -155,7 +165,8 @@ def apply(
         )
         to_compact = [(r[0], r[1]) for r in cur.fetchall()]
     bases = {(r[0], r[1]): int(r[2]) - convs[(r[0], r[1])].count for r in rows}
-    return Applied(bases, to_compact)
+    active = [((r[0], r[1]), r[3], r[4]) for r in rows if convs[(r[0], r[1])].message_offset]
+    return Applied(bases, to_compact, active)
 
 
 T = TypeVar("T")

@@ -66,6 +66,7 @@ def _replay(
                     r[4],
                     projection.settings_of(json.loads(r[7])) if r[3] == CONFIGURE else None,
                     r[5],
+                    r[8],
                 )
                 for r in segment
             ),

@@ -6,28 +6,43 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from schema import notices as nt
-from worker.handlers import COMPACT, NOTICE, SUMMARIZE, Effect
+from worker.clock import Clock, SystemClock
+from worker.handlers import ARM, COMPACT, NOTICE, SUMMARIZE, Effect
 from worker.notify import Notifier
 
 if TYPE_CHECKING:
+    from worker.idle import Timers
     from worker.jobs import Jobs
 
 
 class Relay:
     """Sends effects; raises `Unavailable` or a Redis error when Redis is away."""
 
-    def __init__(self, notifier: Notifier, jobs: Jobs) -> None:
+    def __init__(
+        self,
+        notifier: Notifier,
+        jobs: Jobs,
+        timers: Timers | None = None,
+        clock: Clock | None = None,
+    ) -> None:
         self.notifier = notifier
         self.jobs = jobs
+        self.timers = timers
+        self.clock = clock or SystemClock()
 
     def send(self, effects: Sequence[Effect]) -> None:
-        """Notices in one round trip, then one enqueue per job."""
+        """Notices in one round trip, timers in one, then one enqueue per job."""
         notices = [
             (str(x.body["source"]), nt.decode(str(x.body["notice"]).encode()))
             for x in effects
             if x.kind == NOTICE
         ]
         self.notifier.publish(notices)
+        arms = [
+            (x.body["agent"], x.body["channel"], x.body["due"]) for x in effects if x.kind == ARM
+        ]
+        if arms and self.timers is not None:
+            self.timers.arm_many(arms, self.clock.now())
         for x in effects:
             if x.kind == SUMMARIZE:
                 self.jobs.summarize(x.body["agent"], x.body["channel"], x.body["session_id"])

@@ -9,6 +9,13 @@ ALTER TABLE conversations
     ADD COLUMN restored_seqs    bigint[],
     ADD COLUMN restored_session text;
 
+-- For idle-timeout saves: what is new since the last save or clear, and which adapter
+-- (the source of the last message that named one) hears about it.
+ALTER TABLE conversations
+    ADD COLUMN last_message_seq bigint NOT NULL DEFAULT 0,
+    ADD COLUMN last_saved_seq   bigint NOT NULL DEFAULT 0,
+    ADD COLUMN source           text;
+
 -- window_tokens: the estimate of the thread's messages since its last clear, restore
 -- or compaction (what triggers compaction; aging out of the rolling window is not
 -- subtracted, the compaction job checks the real window). Messages with

@@ -23,16 +23,19 @@ RETURNING shard;
 -- Rows come as one JSON document (encoded by msgspec): far cheaper to send than nine
 -- parameter arrays, which psycopg dumps element by element in Python.
 -- Reserves `n` sequence numbers per conversation and folds in the batch's
--- projection changes; returns the new last seq. `cleared` is the clear's offset within
--- the batch (0: none), so the clear's seq is the old last_seq plus it. The upsert's row
--- lock is what serialises two writers of one conversation.
+-- projection changes; returns the new last seq, and the idle timer's inputs. `cleared`
+-- and `message` are offsets within the batch (0: none), so the clear's seq is the old
+-- last_seq plus its offset. The upsert's row lock is what serialises two writers of
+-- one conversation.
 INSERT INTO conversations AS c (agent, channel, last_seq, cleared_seq, cleared_at,
-                                rolling_window, idle_timeout, token_budget, last_activity_at)
+                                rolling_window, idle_timeout, token_budget, last_activity_at,
+                                last_message_seq, source)
 SELECT agent, channel, n, cleared, cleared_at, rolling_window, idle_timeout, token_budget,
-       activity
+       activity, message, source
 FROM json_to_recordset(%(rows)s::json) AS x(
     agent text, channel text, n bigint, cleared bigint, cleared_at timestamptz,
-    rolling_window integer, idle_timeout integer, token_budget integer, activity timestamptz)
+    rolling_window integer, idle_timeout integer, token_budget integer, activity timestamptz,
+    message bigint, source text)
 ON CONFLICT (agent, channel) DO UPDATE SET
     last_seq = c.last_seq + EXCLUDED.last_seq,
     cleared_seq = CASE WHEN EXCLUDED.cleared_seq > 0 THEN c.last_seq + EXCLUDED.cleared_seq
@@ -42,8 +45,12 @@ ON CONFLICT (agent, channel) DO UPDATE SET
     rolling_window = coalesce(EXCLUDED.rolling_window, c.rolling_window),
     idle_timeout = coalesce(EXCLUDED.idle_timeout, c.idle_timeout),
     token_budget = coalesce(EXCLUDED.token_budget, c.token_budget),
-    last_activity_at = greatest(c.last_activity_at, EXCLUDED.last_activity_at)
-RETURNING agent, channel, last_seq;
+    last_activity_at = greatest(c.last_activity_at, EXCLUDED.last_activity_at),
+    last_message_seq = CASE WHEN EXCLUDED.last_message_seq > 0
+                            THEN c.last_seq + EXCLUDED.last_message_seq
+                            ELSE c.last_message_seq END,
+    source = coalesce(EXCLUDED.source, c.source)
+RETURNING agent, channel, last_seq, idle_timeout, last_activity_at;
 
 -- name: advance_threads
 -- Returns the conversations with a thread past three quarters of its token budget (compaction
@@ -135,7 +142,8 @@ SELECT 1 FROM events WHERE event_id = %(event_id)s;
 -- name: replay_events
 -- The log in order, with what the fold needs; whole payloads only for commands.
 SELECT agent, channel, thread, kind, occurred_at, tokens, seq,
-       CASE WHEN kind = ANY(%(with_payload)s) THEN payload::text END
+       CASE WHEN kind = ANY(%(with_payload)s) THEN payload::text END,
+       CASE WHEN kind = 'message.v1' THEN payload->>'source' END
 FROM events ORDER BY position;
 
 -- name: threads_to_compact

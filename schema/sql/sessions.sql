@@ -171,3 +171,21 @@ SELECT agent, channel, session_id FROM sessions
 WHERE summary IS NULL AND deleted_at IS NULL
   AND created_at < %(now)s::timestamptz - make_interval(secs => %(grace)s)
 ORDER BY created_at LIMIT %(limit)s;
+
+-- name: mark_saved
+UPDATE conversations SET last_saved_seq = %(seq)s
+WHERE agent = %(agent)s AND channel = %(channel)s;
+
+-- name: idle_state
+SELECT coalesce(idle_timeout, %(default)s), last_activity_at, last_message_seq, cleared_seq,
+       last_saved_seq, source
+FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s;
+
+-- name: idle_candidates
+-- Conversations that need an idle timer: a timeout and messages since the last save or
+-- clear; with their deadline.
+SELECT agent, channel,
+       last_activity_at + make_interval(secs => coalesce(idle_timeout, %(default)s))
+FROM conversations
+WHERE coalesce(idle_timeout, %(default)s) > 0 AND last_activity_at IS NOT NULL
+  AND last_message_seq > greatest(cleared_seq, last_saved_seq);

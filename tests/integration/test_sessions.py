@@ -31,6 +31,7 @@ from worker import bootstrap, cli
 from worker.clock import SystemClock
 from worker.config import Settings
 from worker.eventlog import Accepted, PostgresEventLog
+from worker.idle import Timers
 from worker.jobs import SUMMARIES, Jobs
 from worker.notify import MemoryNotifier
 from worker.rebuild import rebuild
@@ -56,7 +57,12 @@ class Stack:
     def use(self, summarizer: Summarizer) -> None:
         bootstrap.install(
             bootstrap.Resources(
-                self.settings, self.reader, self.producer, summarizer, SystemClock()
+                self.settings,
+                self.reader,
+                self.producer,
+                summarizer,
+                SystemClock(),
+                Timers(self.rds),
             )
         )
 
@@ -372,7 +378,9 @@ def test_lost_and_failed_summary_jobs_are_queued_again(stack: Stack, rds: redis.
     stack.say("first")
     stack.producer.save(A, C, "lost", source="test")
     stack.notice(nt.SESSION_SAVED)
-    Queue(SUMMARIES, connection=rds).empty()  # Redis lost the queued job
+    queue = Queue(SUMMARIES, connection=rds)
+    eventually(lambda: queue.count == 1, what="the summary job")  # queued after the notice
+    queue.empty()  # type: ignore[no-untyped-call]  # job lost
     assert jobs.requeue_pending(stack.reader, now, grace=120) == 0  # still in its grace time
     assert jobs.requeue_pending(stack.reader, now + dt.timedelta(minutes=3), grace=120) == 1
     stack.use(Exploding())
@@ -408,7 +416,7 @@ def test_effects_survive_an_outage_between_commit_and_relay(db: str) -> None:
     down = PostgresEventLog(psycopg.connect(db), relay=Relay(DownNotifier(), jobs))  # type: ignore[arg-type]
     at = dt.datetime.now(dt.UTC)
     common: dict[str, Any] = {"agent": A, "channel": C, "occurred_at": at, "source": "bot"}
-    batch = [
+    batch: list[ev.AnyEvent] = [
         ev.MessagePosted(event_id=uuid7(), role="user", content="hi", **common),
         ev.SessionSaveRequested(event_id=uuid7(), description="x", **common),
     ]
