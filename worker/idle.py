@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -38,6 +38,7 @@ log = structlog.get_logger("contextlog.idle")
 
 IDLE: Final = "idle"
 JOB_SOURCE: Final = "contextlog-idle"  # namespace of the derived auto-save event ids
+STUCK_S: Final = 10.0  # an idle check running this long is taken for dead
 KEEP_MS: Final = 3_600_000  # a timer outlives its deadline by this, then Redis drops it
 _LIVE: Final = (JobStatus.SCHEDULED, JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED)
 
@@ -186,10 +187,20 @@ class Timers:
         args = [owner, str(seen_due_ms)]
         return int(self._disarm(keys=[timer_key(agent, channel)], args=args))
 
-    def live(self, job_ids: Sequence[str]) -> list[bool]:
-        """Whether each job is still scheduled, queued or running."""
+    def live(self, job_ids: Sequence[str], now: dt.datetime) -> list[bool]:
+        """Whether each job is still scheduled, queued or running. A check runs for
+        milliseconds: one started STUCK_S ago died with its worker (a second check is
+        harmless, its events have the same ids)."""
         jobs = Job.fetch_many(list(job_ids), connection=self.redis)
-        return [j is not None and j.get_status(refresh=False) in _LIVE for j in jobs]
+        return [j is not None and _alive(j, now) for j in jobs]
+
+
+def _alive(job: Job, now: dt.datetime) -> bool:
+    status = job.get_status(refresh=False)
+    if status == JobStatus.STARTED and job.started_at is not None:
+        started = job.started_at.replace(tzinfo=job.started_at.tzinfo or dt.UTC)
+        return (now - started).total_seconds() < STUCK_S
+    return status in _LIVE
 
 
 # -- the decision, pure --------------------------------------------------------------
@@ -264,24 +275,29 @@ def read_state(reader: ContextReader, agent: str, channel: str) -> IdleState | N
     return None if row is None else IdleState(*row)
 
 
-def check(res: Resources, timers: Timers, agent: str, channel: str, job_id: str) -> str:
+def check(
+    timers: Timers,
+    agent: str,
+    channel: str,
+    job_id: str,
+    state: Callable[[], IdleState | None],
+    push: Callable[[list[ev.Event]], object],
+    now: dt.datetime,
+) -> str:
     """The idle job: re-arm, do nothing, or auto-save and clear; returns what it did."""
     timer = timers.read(agent, channel)
     if timer is None or timer.job != job_id:
         return "superseded"  # the sweep re-armed it, or it was already handled
-    state = read_state(res.reader, agent, channel)
-    now = res.clock.now()
-    what = DISABLED if state is None else decide(state, now)
-    if what == WAIT and state is not None:
-        due = state.deadline()
+    s = state()
+    what = DISABLED if s is None else decide(s, now)
+    if what == WAIT and s is not None:
+        due = s.deadline()
         assert due is not None
         timers.rearm(agent, channel, job_id, due, now)
-        return f"re-armed for {due:%H:%M:%S}"
-    if what == SAVE and state is not None:
-        res.producer.push_many(auto_save_events(agent, channel, state, now), atomic=True)
-        log.info(
-            "auto-saved after idle", agent=agent, channel=channel, idle_timeout=state.idle_timeout
-        )
+        return WAIT
+    if what == SAVE and s is not None:
+        push(auto_save_events(agent, channel, s, now))
+        log.info("auto-saved after idle", agent=agent, channel=channel, idle_timeout=s.idle_timeout)
     if timers.disarm(agent, channel, job_id, timer.due_ms) == -1:
         # A message came while we worked: its deadline is the next check.
         fresh = timers.read(agent, channel)
@@ -289,6 +305,19 @@ def check(res: Resources, timers: Timers, agent: str, channel: str, job_id: str)
             due = dt.datetime.fromtimestamp(fresh.due_ms / 1000, dt.UTC)
             timers.rearm(agent, channel, job_id, max(due, now), now)
     return what
+
+
+def run_check(res: Resources, agent: str, channel: str, job_id: str) -> str:
+    """`check` with the worker's resources: Postgres state, the producer, the clock."""
+    return check(
+        res.timers,
+        agent,
+        channel,
+        job_id,
+        lambda: read_state(res.reader, agent, channel),
+        lambda events: res.producer.push_many(events, atomic=True),
+        res.clock.now(),
+    )
 
 
 def sweep(reader: ContextReader, timers: Timers, now: dt.datetime) -> int:
@@ -306,7 +335,7 @@ def sweep(reader: ContextReader, timers: Timers, now: dt.datetime) -> int:
         else:
             armed.append((agent, channel, max(due, now), t))
     done = timers.arm_many(missing, now, only_if_missing=True) if missing else 0
-    alive = timers.live([t.job for *_, t in armed]) if armed else []
+    alive = timers.live([t.job for *_, t in armed], now) if armed else []
     for (agent, channel, due, t), ok in zip(armed, alive, strict=True):
         if not ok and timers.rearm(agent, channel, t.job, due, now):
             done += 1

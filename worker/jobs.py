@@ -255,4 +255,4 @@ def idle_check(agent: str, channel: str) -> str:
     res = resources()
     job = get_current_job()
     assert job is not None
-    return idle.check(res, res.timers, agent, channel, job.id)
+    return idle.run_check(res, agent, channel, job.id)

@@ -1,0 +1,78 @@
+"""`contextlog` processes for tests: started as the Procfile would, killed or stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Process:
+    """One `contextlog <command>` in its own process group (RQ's scheduler is a child)."""
+
+    def __init__(self, command: str, env: dict[str, str], log_path: Path) -> None:
+        self.command = command
+        self.env = env
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self.groups: list[int] = []  # every incarnation's process group
+
+    def start(self) -> Process:
+        """Start a new incarnation; output goes to the log file."""
+        assert self.proc is None or self.proc.poll() is not None
+        self.starts += 1
+        with self.log_path.open("ab") as log:
+            log.write(f"--- {self.command} #{self.starts} started ---\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "worker.cli", self.command],
+                env=self.env,
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
+        self.groups.append(self.proc.pid)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the process itself (its scheduler child, if any, lives on, orphaned)."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        """SIGTERM the current incarnation (RQ finishes its job), then SIGKILL every
+        process group this object started, orphaned schedulers included."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            with suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=15)
+        for group in self.groups:
+            with suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.wait(timeout=5)
+
+    def tail(self, lines: int = 40) -> str:
+        """The end of the log, for failure messages."""
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@contextmanager
+def started(command: str, env: dict[str, str], log_path: Path) -> Iterator[Process]:
+    """A running `contextlog <command>`, stopped at the end."""
+    p = Process(command, env, log_path).start()
+    try:
+        yield p
+    finally:
+        p.stop()

@@ -1,0 +1,170 @@
+"""Idle timers on fakeredis with a fake clock: debounce, re-arm, exactly-once saves."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Iterator
+
+import fakeredis
+import pytest
+from rq import Queue
+
+from schema import events as ev
+from worker import idle
+from worker.clock import FakeClock
+from worker.idle import IdleState, Timers
+
+A, C = "alpha", "general"
+T0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
+
+
+@pytest.fixture
+def timers() -> Iterator[Timers]:
+    client = fakeredis.FakeRedis()
+    yield Timers(client)
+    client.close()
+
+
+class Conversation:
+    """The projection as the idle job reads it, moved by hand."""
+
+    def __init__(self, timeout: int = 30) -> None:
+        self.state = IdleState(timeout, None, 0, 0, 0, "discord")
+        self.pushed: list[list[ev.Event]] = []
+
+    def message(self, at: dt.datetime) -> None:
+        s = self.state
+        self.state = dataclasses.replace(
+            s, last_activity_at=at, last_message_seq=s.last_message_seq + 1
+        )
+
+    def push(self, events: list[ev.Event]) -> None:
+        self.pushed.append(events)
+        seq = self.state.last_message_seq + 2  # the save, then the clear, are logged
+        self.state = dataclasses.replace(self.state, last_saved_seq=seq - 1, cleared_seq=seq)
+
+
+def scheduled(t: Timers) -> list[str]:
+    return list(t.queue.scheduled_job_registry.get_job_ids())
+
+
+def fire(t: Timers, conv: Conversation, clock: FakeClock) -> str:
+    timer = t.read(A, C)
+    assert timer is not None
+    return idle.check(t, A, C, timer.job, lambda: conv.state, conv.push, clock.now())
+
+
+def test_decide() -> None:
+    s = IdleState(30, T0, 5, 2, 3, None)
+    assert idle.decide(s, T0 + dt.timedelta(seconds=29)) == idle.WAIT
+    assert idle.decide(s, T0 + dt.timedelta(seconds=30)) == idle.SAVE
+    assert idle.decide(dataclasses.replace(s, last_saved_seq=5), T0 + dt.timedelta(hours=1)) == (
+        idle.NOTHING_NEW
+    )
+    assert idle.decide(dataclasses.replace(s, idle_timeout=0), T0 + dt.timedelta(days=9)) == (
+        idle.DISABLED
+    )
+
+
+def test_messages_arm_one_job_per_idle_period(timers: Timers) -> None:
+    clock = FakeClock(T0)
+    for i in range(50):  # 50 batches of messages, a second apart
+        at = T0 + dt.timedelta(seconds=i)
+        assert timers.arm_many([(A, C, at + dt.timedelta(seconds=30))], at) == (1 if i == 0 else 0)
+    assert len(scheduled(timers)) == 1  # no job per message
+    timer = timers.read(A, C)
+    assert timer is not None and timer.due_ms == idle.ms(T0 + dt.timedelta(seconds=79))
+    assert clock.slept == []
+
+
+def test_activity_re_arms_under_a_new_id_then_saves_once(timers: Timers) -> None:
+    clock, conv = FakeClock(T0), Conversation(timeout=30)
+    conv.message(T0)
+    timers.arm_many([(A, C, T0 + dt.timedelta(seconds=30))], T0)
+    first = timers.read(A, C)
+    clock.advance(20)
+    conv.message(clock.now())  # resets the timer: the job will find it at its deadline
+    timers.arm_many([(A, C, clock.now() + dt.timedelta(seconds=30))], clock.now())
+    clock.advance(10)  # the first deadline
+    assert fire(timers, conv, clock) == idle.WAIT
+    second = timers.read(A, C)
+    assert first is not None and second is not None and second.job != first.job
+    assert second.job in scheduled(timers) and conv.pushed == []
+    clock.advance(20)  # the second deadline: 30 s after the last message
+    assert fire(timers, conv, clock) == idle.SAVE
+    [(save, clear)] = conv.pushed
+    assert isinstance(save, ev.SessionSaveRequested) and save.auto
+    assert save.description == "Auto-saved after 30 s idle"
+    assert isinstance(clear, ev.ContextCleared) and save.source == clear.source == "discord"
+    assert timers.read(A, C) is None  # disarmed
+    # A redelivered or duplicate job finds no timer and does nothing.
+    assert idle.check(timers, A, C, second.job, lambda: conv.state, conv.push, clock.now()) == (
+        "superseded"
+    )
+    assert len(conv.pushed) == 1
+
+
+def test_two_workers_running_the_same_check_push_the_same_ids(timers: Timers) -> None:
+    conv = Conversation(timeout=30)
+    conv.message(T0)
+    later = T0 + dt.timedelta(minutes=1)
+    a = idle.auto_save_events(A, C, conv.state, later)
+    b = idle.auto_save_events(A, C, conv.state, later + dt.timedelta(seconds=5))
+    assert [e.event_id for e in a] == [e.event_id for e in b]  # the log stores them once
+    conv.message(later)
+    c = idle.auto_save_events(A, C, conv.state, later)
+    assert {e.event_id for e in c}.isdisjoint(e.event_id for e in a)  # a new idle period
+
+
+def test_nothing_new_since_the_last_save_means_no_save(timers: Timers) -> None:
+    clock, conv = FakeClock(T0), Conversation(timeout=60)
+    conv.message(T0)
+    conv.push([])  # a manual save and clear after the message
+    conv.pushed.clear()
+    timers.arm_many([(A, C, T0 + dt.timedelta(seconds=60))], T0)
+    clock.advance(61)
+    assert fire(timers, conv, clock) == idle.NOTHING_NEW
+    assert conv.pushed == [] and timers.read(A, C) is None
+
+
+def test_a_message_during_the_check_re_arms(timers: Timers) -> None:
+    clock, conv = FakeClock(T0), Conversation(timeout=30)
+    conv.message(T0)
+    timers.arm_many([(A, C, T0 + dt.timedelta(seconds=30))], T0)
+    clock.advance(30)
+
+    def push_then_a_message_arrives(events: list[ev.Event]) -> None:
+        conv.push(events)
+        timers.arm_many([(A, C, clock.now() + dt.timedelta(seconds=30))], clock.now())
+
+    timer = timers.read(A, C)
+    assert timer is not None
+    done = idle.check(
+        timers, A, C, timer.job, lambda: conv.state, push_then_a_message_arrives, clock.now()
+    )
+    assert done == idle.SAVE
+    fresh = timers.read(A, C)
+    assert fresh is not None and fresh.job != timer.job and fresh.job in scheduled(timers)
+
+
+def test_disabled_timeout_disarms(timers: Timers) -> None:
+    clock, conv = FakeClock(T0), Conversation(timeout=0)
+    conv.message(T0)
+    timers.arm_many([(A, C, T0)], T0)
+    assert fire(timers, conv, clock) == idle.DISABLED
+    assert conv.pushed == [] and timers.read(A, C) is None
+
+
+def test_a_dead_job_is_not_live_but_a_scheduled_one_is(timers: Timers) -> None:
+    timers.arm_many([(A, C, T0 + dt.timedelta(seconds=30))], T0)
+    timer = timers.read(A, C)
+    assert timer is not None
+    assert timers.live([timer.job, "idle-gone"], T0) == [True, False]
+    Queue(idle.IDLE, connection=timers.redis).scheduled_job_registry.remove(timer.job)
+    timers.redis.delete(f"rq:job:{timer.job}")  # Redis lost it
+    assert timers.live([timer.job], T0) == [False]
+
+
+def test_human_durations() -> None:
+    assert [idle.human(s) for s in (1800, 5, 90, 7200)] == ["30 min", "5 s", "90 s", "2 h"]
