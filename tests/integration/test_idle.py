@@ -13,14 +13,17 @@ import psycopg
 import pytest
 import redis
 from rq import Queue
+from rq.job import Job, JobStatus
 
 from producers import ContextReader, Producer
 from producers.notifications import Notifications
+from schema import events as ev
 from schema import notices as nt
 from schema.notices import Notice
 from tests.support.processes import Process, started
 from tests.support.running import eventually, running, settings_for
-from worker.idle import timer_key
+from worker import idle
+from worker.idle import Timers, timer_key
 
 A = "alpha"
 
@@ -113,3 +116,73 @@ def test_a_quiet_conversation_is_saved_once_summarised_notified_and_cleared(
         producer.close()
         reader.close()
         notes.close()
+
+
+class Crash(BaseException):
+    """The worker dies here (SIGKILL leaves no chance to clean up either)."""
+
+
+@pytest.mark.parametrize("dies", ["before the push", "after the push"])
+def test_a_check_that_dies_mid_save_is_redone_by_the_sweep_and_saves_once(
+    db: str, redis_url: str, dies: str
+) -> None:
+    """The SIGKILL of the issue, at the exact moments that matter: the check is run by
+    hand, `Crash` stands for the kill, the sweep (as the restarted worker runs it) finds
+    the timer's job dead and re-arms it, and the re-run saves once."""
+    rds = redis.Redis.from_url(redis_url)
+    timers = Timers(rds)
+    producer = Producer(rds, shards=4)
+    reader = ContextReader.from_url(db)
+    try:
+        with running(settings_for(db, redis_url)):
+            producer.configure(A, "c", idle_timeout=2, source="bot")
+            last = producer.post_message(A, "c", "user", "write the report", source="bot")
+            reader.context(A, "c", wait_for=last, timeout=10)
+            eventually(lambda: timers.read(A, "c") is not None, what="the timer")
+            timer = timers.read(A, "c")
+            assert timer is not None
+            now = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=3)  # past the deadline
+
+            def push_and_die(events: list[ev.Event]) -> None:
+                if dies == "after the push":
+                    producer.push_many(events, atomic=True)
+                raise Crash
+
+            # What a worker leaves in RQ when it is killed running the job.
+            job = Job.fetch(timer.job, connection=rds)
+            job.started_at = now.replace(tzinfo=None)
+            job.set_status(JobStatus.STARTED)
+            job.save()
+            with pytest.raises(Crash):
+                idle.check(
+                    timers,
+                    A,
+                    "c",
+                    timer.job,
+                    lambda: idle.read_state(reader, A, "c"),
+                    push_and_die,
+                    now,
+                )
+            # The restarted worker's sweep: the job is no longer alive, so a new one is armed.
+            idle.sweep(reader, timers, now + dt.timedelta(seconds=idle.STUCK_S + 1))
+            again = timers.read(A, "c")
+            assert again is not None and again.job != timer.job
+            for _ in range(2):  # and a redelivery of the new job does nothing more
+                idle.check(
+                    timers,
+                    A,
+                    "c",
+                    again.job,
+                    lambda: idle.read_state(reader, A, "c"),
+                    lambda events: producer.push_many(events, atomic=True),
+                    now + dt.timedelta(seconds=20),
+                )
+            eventually(lambda: len(sessions(db, "c")) == 1, what="the auto-save")
+            eventually(lambda: reader.context(A, "c").messages == [], what="the clear")
+            assert timers.read(A, "c") is None
+        with psycopg.connect(db) as conn:
+            row = conn.execute("SELECT count(*) FROM events WHERE kind = 'save.v1'").fetchone()
+        assert row == (1,)
+    finally:
+        reader.close()
+        rds.close()

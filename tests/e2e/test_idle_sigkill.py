@@ -1,0 +1,108 @@
+"""`contextlog worker` killed with SIGKILL while idle saves run: exactly one save each.
+
+Three hundred conversations go quiet at the same moment with a 2-second timeout; the
+worker is killed (SIGKILL, its scheduler child left orphaned as after a crash) twice at
+seeded random moments while it works through their checks, and restarted. A job that
+dies is found by the worker's sweep and re-armed; the save and clear of one idle period
+carry ids derived from its last message, so every conversation ends with exactly one
+auto-saved session and an empty context. (The kill inside a job's few milliseconds of
+saving is pinned exactly by tests/integration/test_idle.py.)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import random
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+
+from producers import ContextReader, Producer
+from tests.support.processes import Process
+from tests.support.running import eventually, running, settings_for
+
+pytestmark = pytest.mark.e2e
+
+A = "idle-e2e"
+CONVERSATIONS = 300  # ~2 s of checks and saves: the kills land while jobs run
+TIMEOUT_S = 2
+
+
+def _seed() -> int:
+    raw = os.environ.get("CONTEXTLOG_E2E_SEED")
+    return int(raw) if raw else random.SystemRandom().randrange(1 << 32)
+
+
+def auto_sessions(db: str) -> dict[str, int]:
+    with psycopg.connect(db) as conn:
+        rows = conn.execute(
+            "SELECT channel, count(*) FROM sessions WHERE agent = %s AND auto GROUP BY channel",
+            (A,),
+        ).fetchall()
+    return {str(r[0]): int(r[1]) for r in rows}
+
+
+def test_sigkill_during_idle_saves_leaves_exactly_one_save_each(
+    db: str, redis_url: str, tmp_path: Path
+) -> None:
+    seed = _seed()
+    rng = random.Random(seed)
+    kills = sorted(rng.uniform(TIMEOUT_S + 0.3, TIMEOUT_S + 1.5) for _ in range(2))
+    print(f"seed={seed} (set CONTEXTLOG_E2E_SEED to replay) kills at {kills}")
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"},
+        "DATABASE_URL": db,
+        "REDIS_URL": redis_url,
+        "CONTEXTLOG_SHARDS": "4",
+        "CONTEXTLOG_SWEEP_SECONDS": "1",
+    }
+    producer = Producer(redis.Redis.from_url(redis_url), shards=4)
+    reader = ContextReader.from_url(db)
+    worker = Process("worker", env, tmp_path / "worker.log")
+    try:
+        with running(settings_for(db, redis_url)):
+            worker.start()
+            with producer.batch() as b:
+                for i in range(CONVERSATIONS):
+                    b.configure(A, f"c{i}", idle_timeout=TIMEOUT_S, source="e2e")
+            last = ""
+            with producer.batch() as b:
+                for i in range(CONVERSATIONS):
+                    last = b.post_message(A, f"c{i}", "user", f"task {i}", source="e2e")
+            sent = time.monotonic()
+            reader.context(A, f"c{CONVERSATIONS - 1}", wait_for=last, timeout=10)
+            for at in kills:
+                time.sleep(max(0.0, sent + at - time.monotonic()))
+                worker.kill()
+                worker.start()
+            rds = redis.Redis.from_url(redis_url)
+            eventually(
+                lambda: len(auto_sessions(db)) == CONVERSATIONS,
+                timeout=60,
+                what=f"{CONVERSATIONS} auto-saves (seed {seed})\n{worker.tail()}",
+            )
+            # Every timer disarmed: nothing can save a second time.
+            eventually(
+                lambda: not list(rds.scan_iter("contextlog:idle:*")),
+                timeout=30,
+                what=f"the timers to be disarmed (seed {seed})",
+            )
+            rds.close()
+        counts = auto_sessions(db)
+        assert counts == {f"c{i}": 1 for i in range(CONVERSATIONS)}, f"seed {seed}"
+        for i in range(CONVERSATIONS):
+            assert reader.context(A, f"c{i}").messages == []
+        with psycopg.connect(db) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM events WHERE agent = %s AND kind = 'save.v1'", (A,)
+            ).fetchone()
+        assert row == (CONVERSATIONS,)  # a re-run job's events were stored once
+        print(f"worker incarnations: {worker.starts}; at {dt.datetime.now(dt.UTC):%H:%M:%S}")
+    finally:
+        worker.stop()
+        producer.close()
+        reader.close()
