@@ -172,16 +172,16 @@ def build_worker(settings: Settings) -> SimpleWorker:
         name=f"contextlog-{settings.consumer}",
         # RQ's scheduler runs in one worker, under a lock that expires 61 s after its
         # holder dies; the others try to take it at each maintenance pass. RQ's default
-        # pass is every 10 min; every 30 s (and a 25 s dequeue wait, from worker_ttl)
-        # makes due timers fire within ~90 s of the scheduler's worker dying.
+        # pass is every 10 min; every 15 s (and a 15 s dequeue wait, from worker_ttl)
+        # makes due timers fire within ~61 + 15 + 15 s of the scheduler's worker dying.
         maintenance_interval=MAINTENANCE_S,
         worker_ttl=WORKER_TTL_S,
     )
 
 
 SUMMARY_GRACE_S = 120.0  # a summary missing this long after its save is queued again
-MAINTENANCE_S = 30
-WORKER_TTL_S = 40
+MAINTENANCE_S = 15
+WORKER_TTL_S = 30
 
 
 def sweep_forever(settings: Settings, stop: threading.Event) -> None:
