@@ -85,6 +85,28 @@ def _print_status(status: Status) -> None:
         f"{status.ingest_consumers}   dead letters: {status.dead_letters}"
         + (f" ({reasons})" if reasons else "")
     )
+    jobs = Table(title="contextlog jobs")
+    for col in ("queue", "queued", "oldest queued", "scheduled", "overdue", "running", "failed"):
+        jobs.add_column(col, justify="right" if col != "queue" else "left")
+    for q in status.queues:
+        age = "-" if q.oldest_queued_age_s is None else f"{q.oldest_queued_age_s:.1f}s"
+        jobs.add_row(
+            q.name,
+            str(q.queued),
+            age,
+            str(q.scheduled),
+            str(q.overdue),
+            str(q.started),
+            str(q.failed),
+        )
+    console.print(jobs)
+    oldest = status.oldest_pending_summary_age_s
+    console.print(
+        f"workers: {status.workers}   scheduler: {status.scheduler or '-'}   "
+        f"summaries pending: {status.summary_backlog}"
+        + (f" (oldest {oldest:.0f}s)" if oldest is not None else "")
+        + f"   effects waiting: {status.effects_waiting}"
+    )
     for p in status.problems:
         console.print(f"[red]unhealthy:[/red] {p}")
 

@@ -1,4 +1,5 @@
-"""What `contextlog status` reports: per-shard lag and pending work, dead letters, events stored."""
+"""What `contextlog status` reports: per-shard lag and pending work, dead letters, events
+stored; job queues, idle timers, the summary backlog and failed jobs."""
 
 from __future__ import annotations
 
@@ -8,10 +9,34 @@ from typing import Any
 import msgspec
 import psycopg
 import redis
+from rq import Queue, Worker
 
 from schema import keys
 from schema.queries import query
+from worker.jobs import IDLE, SUMMARIES
 from worker.streams import entry_time_ms
+
+
+def _queue(client: redis.Redis, name: str, now: dt.datetime) -> QueueStatus:
+    q = Queue(name, connection=client)
+    scheduled = q.scheduled_job_registry
+    overdue = len(scheduled.get_jobs_to_schedule(int(now.timestamp() - OVERDUE_S)))
+    oldest = None
+    first = q.get_job_ids(0, 1)
+    if first:
+        job = q.fetch_job(first[0])
+        if job is not None and job.enqueued_at is not None:
+            at = job.enqueued_at.replace(tzinfo=job.enqueued_at.tzinfo or dt.UTC)
+            oldest = max(0.0, (now - at).total_seconds())
+    return QueueStatus(
+        name,
+        q.count,
+        scheduled.count,
+        q.started_job_registry.count,
+        q.failed_job_registry.count,
+        oldest,
+        overdue,
+    )
 
 
 class ShardStatus(msgspec.Struct, frozen=True):
@@ -26,8 +51,20 @@ class ShardStatus(msgspec.Struct, frozen=True):
     events_stored: int
 
 
+class QueueStatus(msgspec.Struct, frozen=True):
+    """One RQ queue: jobs waiting, delayed (idle timers), running, failed."""
+
+    name: str
+    queued: int
+    scheduled: int
+    started: int
+    failed: int
+    oldest_queued_age_s: float | None
+    overdue: int  # scheduled jobs past their time: nobody runs the scheduler
+
+
 class Status(msgspec.Struct, frozen=True):
-    """The whole report; `healthy` is false when work waits on a shard nobody owns."""
+    """The whole report; `healthy` is false when work waits that nothing will do."""
 
     healthy: bool
     problems: list[str]
@@ -36,6 +73,15 @@ class Status(msgspec.Struct, frozen=True):
     dead_letters_by_reason: dict[str, int]
     events_stored: int
     ingest_consumers: int
+    queues: list[QueueStatus] = []
+    workers: int = 0
+    scheduler: str | None = None  # the worker whose scheduler holds the lock
+    summary_backlog: int = 0
+    oldest_pending_summary_age_s: float | None = None
+    effects_waiting: int = 0  # notices and jobs committed but not yet relayed
+
+
+OVERDUE_S = 120.0  # a timer this late means no scheduler is running
 
 
 def _group(client: Any, stream: str) -> dict[str, Any] | None:
@@ -87,7 +133,24 @@ def gather(
         for row in rows
         if row.owner is None and (row.pending or row.lag)
     ]
+    queues = [_queue(client, name, now) for name in (IDLE, SUMMARIES)]
+    workers = Worker.count(connection=client)
+    lock = r.get(f"rq:scheduler-lock:{IDLE}")
+    backlog, oldest = conn.execute(query("summary_backlog")).fetchone() or (0, None)
+    waiting = conn.execute(query("effects_waiting")).fetchone()
+    conn.rollback()
+    for q in queues:
+        if (q.queued or q.overdue) and not workers:
+            problems.append(f"queue {q.name} has jobs and no worker is running")
+        elif q.overdue:
+            problems.append(f"{q.overdue} {q.name} jobs are overdue: is a scheduler running?")
     return Status(
+        queues=queues,
+        workers=workers,
+        scheduler=lock.decode() if lock else None,
+        summary_backlog=int(backlog),
+        oldest_pending_summary_age_s=None if oldest is None else (now - oldest).total_seconds(),
+        effects_waiting=int(waiting[0]) if waiting else 0,
         healthy=not problems,
         problems=problems,
         shards=rows,

@@ -189,3 +189,9 @@ SELECT agent, channel,
 FROM conversations
 WHERE coalesce(idle_timeout, %(default)s) > 0 AND last_activity_at IS NOT NULL
   AND last_message_seq > greatest(cleared_seq, last_saved_seq);
+
+-- name: summary_backlog
+SELECT count(*), min(created_at) FROM sessions WHERE summary IS NULL AND deleted_at IS NULL;
+
+-- name: effects_waiting
+SELECT count(*) FROM effects;

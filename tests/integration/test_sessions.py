@@ -432,3 +432,24 @@ def test_effects_survive_an_outage_between_commit_and_relay(db: str) -> None:
     assert up.flush_effects(older_than=0) == 0  # sent once
     down.close()
     up.close()
+
+
+def test_status_reports_the_summary_backlog_and_queues_without_workers(
+    stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stack.say("hello")
+    stack.producer.save(A, C, "x", source="test")
+    stack.notice(nt.SESSION_SAVED)
+    eventually(lambda: Queue(SUMMARIES, connection=stack.rds).count == 1, what="the job")
+    capsys.readouterr()
+    assert cli.main(["status", "--json"]) == 1  # a job waits and no worker runs
+    report = json.loads(capsys.readouterr().out)
+    summaries = next(q for q in report["queues"] if q["name"] == "summaries")
+    assert summaries["queued"] == 1 and report["summary_backlog"] == 1
+    assert report["oldest_pending_summary_age_s"] >= 0
+    assert "queue summaries has jobs and no worker is running" in report["problems"]
+    stack.run_jobs()
+    stack.notice(nt.SUMMARY_READY)
+    assert cli.main(["status", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["summary_backlog"] == 0 and report["healthy"]
