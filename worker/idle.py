@@ -43,7 +43,7 @@ KEEP_MS: Final = 3_600_000  # a timer outlives its deadline by this, then Redis 
 _LIVE: Final = (JobStatus.SCHEDULED, JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED)
 
 # Record the newest deadline; arm (and tell the caller to schedule `job`) only when no
-# timer exists. KEYS[1] timer; ARGV due_ms, job, keep_ms, only_if_missing.
+# timer exists. KEYS[1] timer; ARGV due_ms, job, keep_ms, only_if_missing, agent, channel.
 _ARM = """
 local due = tonumber(redis.call('HGET', KEYS[1], 'due') or '-1')
 if due >= 0 then
@@ -52,7 +52,7 @@ if due >= 0 then
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return 0
 end
-redis.call('HSET', KEYS[1], 'due', ARGV[1], 'job', ARGV[2])
+redis.call('HSET', KEYS[1], 'due', ARGV[1], 'job', ARGV[2], 'agent', ARGV[5], 'channel', ARGV[6])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
 """
@@ -137,7 +137,14 @@ class Timers:
         for agent, channel, due in timers:
             job = new_job_id(agent, channel, ms(due))
             ids.append(job)
-            args: list[str | int] = [ms(due), job, keep_ms(due, now), int(only_if_missing)]
+            args: list[str | int] = [
+                ms(due),
+                job,
+                keep_ms(due, now),
+                int(only_if_missing),
+                agent,
+                channel,
+            ]
             self._arm(keys=[timer_key(agent, channel)], args=args, client=pipe)
         armed = pipe.execute()
         scheduled = 0
@@ -170,6 +177,16 @@ class Timers:
         if b"job" not in raw:
             return None
         return Timer(raw[b"job"].decode(), int(raw[b"due"]))
+
+    def scan(self) -> dict[tuple[str, str], Timer]:
+        """Every armed timer, by conversation (a SCAN: for the periodic sweep only)."""
+        found: dict[tuple[str, str], Timer] = {}
+        for key in self.redis.scan_iter(match="contextlog:idle:*", count=1000):
+            raw: Any = self.redis.hmget(key, ["job", "due", "agent", "channel"])
+            job, due, agent, channel = raw
+            if job and due and agent is not None and channel is not None:
+                found[(agent.decode(), channel.decode())] = Timer(job.decode(), int(due))
+        return found
 
     def rearm(
         self, agent: str, channel: str, owner: str, due: dt.datetime, now: dt.datetime
@@ -321,22 +338,23 @@ def run_check(res: Resources, agent: str, channel: str, job_id: str) -> str:
 
 
 def sweep(reader: ContextReader, timers: Timers, now: dt.datetime) -> int:
-    """Re-arm the timers Redis lost (data loss, a job that died): every conversation with
-    unsaved messages and an idle timeout gets a live timer. Returns how many were armed."""
+    """Reconcile the timers with the projection: every conversation with unsaved messages
+    and an idle timeout gets a live timer (Redis lost it, or its job died), and a timer
+    whose job died after its save is dropped. Returns how many timers were armed."""
     params = {"default": reader.defaults.idle_timeout, "now": now}
     with reader.connection() as conn:
         rows = conn.execute(query("idle_candidates"), params).fetchall()
-    missing: list[tuple[str, str, dt.datetime]] = []
-    armed: list[tuple[str, str, dt.datetime, Timer]] = []
-    for agent, channel, due in rows:
-        t = timers.read(agent, channel)
-        if t is None:
-            missing.append((agent, channel, max(due, now)))
-        else:
-            armed.append((agent, channel, max(due, now), t))
+    due_of = {(a, c): max(due, now) for a, c, due in rows}
+    armed = timers.scan()
+    missing = [(a, c, due) for (a, c), due in due_of.items() if (a, c) not in armed]
     done = timers.arm_many(missing, now, only_if_missing=True) if missing else 0
-    alive = timers.live([t.job for *_, t in armed], now) if armed else []
-    for (agent, channel, due, t), ok in zip(armed, alive, strict=True):
-        if not ok and timers.rearm(agent, channel, t.job, due, now):
-            done += 1
+    keys = list(armed)
+    alive = timers.live([armed[k].job for k in keys], now) if keys else []
+    for key, ok in zip(keys, alive, strict=True):
+        if ok:
+            continue
+        if key in due_of:
+            done += timers.rearm(key[0], key[1], armed[key].job, due_of[key], now)
+        else:
+            timers.disarm(key[0], key[1], armed[key].job, armed[key].due_ms)
     return done
