@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from rich.table import Table
 
 from producers import ContextReader, Producer
 from producers.notifications import Notifications
+from schema.errors import ConfigError
 from schema.notices import Notice
 from worker import archive, bootstrap
 from worker.clock import SystemClock
@@ -128,6 +130,43 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def dashboard_argv(settings: Settings) -> list[str]:
+    """rq-dashboard's arguments: bound to loopback unless told otherwise, and never
+    exposed beyond it without basic auth. Credentials go by environment, not argv."""
+    exposed = settings.dashboard_bind not in LOOPBACK
+    if exposed and not (settings.dashboard_user and settings.dashboard_password):
+        raise ConfigError(
+            f"CONTEXTLOG_DASHBOARD_BIND={settings.dashboard_bind} exposes the dashboard: set "
+            "CONTEXTLOG_DASHBOARD_USER and CONTEXTLOG_DASHBOARD_PASSWORD for basic auth"
+        )
+    return [
+        "--bind",
+        settings.dashboard_bind,
+        "--port",
+        str(settings.dashboard_port),
+        "--redis-url",
+        settings.redis_url,
+    ]
+
+
+def cmd_dashboard(settings: Settings, args: argparse.Namespace) -> int:
+    """Run rq-dashboard on this deployment's Redis (queues `idle` and `summaries`)."""
+    import rq_dashboard.cli  # type: ignore[import-untyped]  # no stubs
+
+    if settings.dashboard_user and settings.dashboard_password:
+        os.environ["RQ_DASHBOARD_USERNAME"] = settings.dashboard_user
+        os.environ["RQ_DASHBOARD_PASSWORD"] = settings.dashboard_password
+    rq_dashboard.cli.run(
+        args=dashboard_argv(settings),
+        prog_name="contextlog dashboard",
+        auto_envvar_prefix="RQ_DASHBOARD",
+    )
+    return 0
+
+
 def add_parsers(sub: Any) -> None:
     """The session, notification and worker subcommands."""
     s = sub.add_parser("sessions", help="list saved sessions, newest first")
@@ -150,6 +189,7 @@ def add_parsers(sub: Any) -> None:
     n.add_argument("--group", default="cli")
     n.add_argument("--follow", "-f", action="store_true")
     n.add_argument("--json", action="store_true")
+    sub.add_parser("dashboard", help="run rq-dashboard (127.0.0.1:9181 unless configured)")
     w = sub.add_parser("worker", help="run jobs: summaries, compaction, idle saves")
     w.add_argument("--burst", action="store_true", help="exit when the queues are empty")
 
@@ -160,4 +200,5 @@ COMMANDS = {
     "import": cmd_import,
     "notifications": cmd_notifications,
     "worker": cmd_worker,
+    "dashboard": cmd_dashboard,
 }

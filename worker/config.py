@@ -26,6 +26,8 @@ DEFAULT_SUMMARY_MODEL: Final = "claude-haiku-4-5"
 DEFAULT_SUMMARY_ATTEMPTS: Final = 4
 DEFAULT_SUMMARY_TIMEOUT: Final = 30.0
 DEFAULT_SWEEP_SECONDS: Final = 300.0
+DEFAULT_DASHBOARD_BIND: Final = "127.0.0.1"
+DEFAULT_DASHBOARD_PORT: Final = 9181
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 LOG_FORMATS: Final = ("json", "console")
 
@@ -58,6 +60,10 @@ class Settings:
     summary_attempts: int = DEFAULT_SUMMARY_ATTEMPTS
     summary_timeout: float = DEFAULT_SUMMARY_TIMEOUT
     sweep_seconds: float = DEFAULT_SWEEP_SECONDS
+    dashboard_bind: str = DEFAULT_DASHBOARD_BIND
+    dashboard_port: int = DEFAULT_DASHBOARD_PORT
+    dashboard_user: str | None = None
+    dashboard_password: str | None = dataclasses.field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -102,6 +108,12 @@ class Settings:
             sweep_seconds=r.get(
                 "CONTEXTLOG_SWEEP_SECONDS", DEFAULT_SWEEP_SECONDS, _float_in(1, 86400)
             ),
+            dashboard_bind=r.get("CONTEXTLOG_DASHBOARD_BIND", DEFAULT_DASHBOARD_BIND, _name),
+            dashboard_port=r.get(
+                "CONTEXTLOG_DASHBOARD_PORT", DEFAULT_DASHBOARD_PORT, _int_in(1, 65535)
+            ),
+            dashboard_user=r.get("CONTEXTLOG_DASHBOARD_USER", None, _name),
+            dashboard_password=r.get("CONTEXTLOG_DASHBOARD_PASSWORD", None, _secret),
         )
 
 
