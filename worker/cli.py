@@ -22,7 +22,8 @@ from producers import ContextReader, Producer
 from producers.commands import parse_duration
 from schema import keys
 from schema.errors import ContextlogError
-from worker import bootstrap, cli_sessions, logs
+from worker import bootstrap, cli_sessions, logs, metrics
+from worker.cli_sessions import add_metrics_options
 from worker.clock import SystemClock
 from worker.config import Settings
 from worker.rebuild import rebuild
@@ -45,6 +46,7 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_ingest(settings: Settings, args: argparse.Namespace) -> int:
     """Run the ingest loop until SIGTERM or SIGINT."""
     bootstrap.run_migrations(settings)
+    metrics.serve(args.metrics_port, args.metrics_bind)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -295,7 +297,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="contextlog", description="conversation memory for LLM agents")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("migrate", help="create or update the database schema")
-    sub.add_parser("ingest", help="move events from the Redis streams into Postgres")
+    ingest = sub.add_parser("ingest", help="move events from the Redis streams into Postgres")
+    add_metrics_options(ingest)
     st = sub.add_parser("status", help="lag, pending work, dead letters, events stored")
     st.add_argument("--json", action="store_true")
     _send_parser(sub)

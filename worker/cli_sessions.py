@@ -17,7 +17,7 @@ from producers import ContextReader, Producer
 from producers.notifications import Notifications
 from schema.errors import ConfigError
 from schema.notices import Notice
-from worker import archive, bootstrap
+from worker import archive, bootstrap, metrics
 from worker.clock import SystemClock
 from worker.config import Settings
 
@@ -117,6 +117,7 @@ def cmd_notifications(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     """Run an RQ worker on the `summaries` and `idle` queues (with RQ's scheduler)."""
     bootstrap.run_migrations(settings)
+    metrics.serve(args.metrics_port, args.metrics_bind)
     w = bootstrap.build_worker(settings)
     stop = threading.Event()
     sweeper = threading.Thread(
@@ -167,6 +168,12 @@ def cmd_dashboard(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def add_metrics_options(p: argparse.ArgumentParser) -> None:
+    """`--metrics-port` (Prometheus /metrics) and where it listens."""
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument("--metrics-bind", default="127.0.0.1", help="address for --metrics-port")
+
+
 def add_parsers(sub: Any) -> None:
     """The session, notification and worker subcommands."""
     s = sub.add_parser("sessions", help="list saved sessions, newest first")
@@ -192,6 +199,7 @@ def add_parsers(sub: Any) -> None:
     sub.add_parser("dashboard", help="run rq-dashboard (127.0.0.1:9181 unless configured)")
     w = sub.add_parser("worker", help="run jobs: summaries, compaction, idle saves")
     w.add_argument("--burst", action="store_true", help="exit when the queues are empty")
+    add_metrics_options(w)
 
 
 COMMANDS = {

@@ -29,6 +29,7 @@ from rq.job import Job, JobStatus
 from producers.ids import derived_id
 from schema import events as ev
 from schema.queries import query
+from worker import metrics
 
 if TYPE_CHECKING:
     from producers.reader import ContextReader
@@ -307,6 +308,7 @@ def check(
         return "superseded"  # the sweep re-armed it, or it was already handled
     s = state()
     what = DISABLED if s is None else decide(s, now)
+    metrics.IDLE_CHECKS.labels(what).inc()
     if what == WAIT and s is not None:
         due = s.deadline()
         assert due is not None
@@ -314,6 +316,9 @@ def check(
         return WAIT
     if what == SAVE and s is not None:
         push(auto_save_events(agent, channel, s, now))
+        due = s.deadline()
+        if due is not None:
+            metrics.IDLE_DELAY.observe(max(0.0, (now - due).total_seconds()))
         log.info("auto-saved after idle", agent=agent, channel=channel, idle_timeout=s.idle_timeout)
     if timers.disarm(agent, channel, job_id, timer.due_ms) == -1:
         # A message came while we worked: its deadline is the next check.

@@ -20,6 +20,7 @@ import structlog
 
 from schema import codec
 from schema.errors import Conflict, EventRejected, Fenced, StorageRefused, Unavailable
+from worker import metrics
 from worker.clock import Clock
 from worker.config import Settings
 from worker.eventlog import Accepted, EventLog
@@ -268,6 +269,8 @@ class Ingest:
         if rejected:
             self.streams.dead_letter(shard, rejected)
             for r in rejected:
+                metrics.DEAD_LETTERS.labels(r.reason).inc()
+            for r in rejected:
                 log.warning(
                     "entry dead-lettered", shard=shard, entry_id=r.entry_id, reason=r.reason
                 )
@@ -305,7 +308,8 @@ class Ingest:
     def _store(self, shard: int, batch: Sequence[Accepted], retry: bool = True) -> None:
         """Append and acknowledge; a batch Postgres refuses is split to find the bad entry."""
         try:
-            stored = self._log().append(shard, self.owned[shard], batch)
+            with metrics.BATCH_SECONDS.time():
+                stored = self._log().append(shard, self.owned[shard], batch)
         except Fenced as e:
             log.warning("fenced: a newer owner wrote this shard", shard=shard, error=str(e))
             self._drop(shard)
@@ -314,6 +318,7 @@ class Ingest:
             self._isolate(shard, batch, e, retry)
             return
         self.streams.ack(shard, [a.entry_id for a in batch])
+        metrics.EVENTS.inc(stored)
         with self._lock:
             self.stored += stored
 
@@ -332,6 +337,7 @@ class Ingest:
                 a.entry_id, {codec.ENTRY_FIELD: a.payload}, DATABASE_REFUSED, str(error)
             )
             self.streams.dead_letter(shard, [rejected])
+            metrics.DEAD_LETTERS.labels(rejected.reason).inc()
             log.warning(
                 "entry dead-lettered", shard=shard, entry_id=a.entry_id, reason=DATABASE_REFUSED
             )

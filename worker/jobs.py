@@ -27,7 +27,7 @@ from producers.reader import ContextReader, stored, window_params
 from schema import events as ev
 from schema.errors import Refused
 from schema.queries import query
-from worker import idle, sessions
+from worker import idle, metrics, sessions
 from worker.summarize import Summarizer, Summary
 
 if TYPE_CHECKING:
@@ -138,6 +138,9 @@ def run_summary(res: Resources, agent: str, channel: str, session_id: str) -> st
             failed=summary.failed,
         )
     )
+    metrics.SUMMARIES.labels(
+        "failed" if summary.failed else "local" if summary.local else "api"
+    ).inc()
     log.info(
         "session summarised",
         agent=agent,
@@ -216,6 +219,7 @@ def run_compaction(res: Resources, agent: str, channel: str) -> str:
     done = 0
     for w in read_windows(res, agent, channel):
         event = compaction_event(agent, channel, w, res.summarizer)
+        metrics.COMPACTIONS.labels("failed" if event is None else "done").inc()
         if event is None:
             log.warning(
                 "compaction summary failed; the context stays trimmed to budget",

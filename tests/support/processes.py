@@ -23,6 +23,7 @@ class Process:
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.groups: list[int] = []  # every incarnation's process group
+        self.argv_extra: list[str] = []  # options after the command
 
     def start(self) -> Process:
         """Start a new incarnation; output goes to the log file."""
@@ -32,7 +33,7 @@ class Process:
             log.write(f"--- {self.command} #{self.starts} started ---\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "worker.cli", self.command],
+                [sys.executable, "-m", "worker.cli", self.command, *self.argv_extra],
                 env=self.env,
                 cwd=ROOT,
                 stdin=subprocess.DEVNULL,

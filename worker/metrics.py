@@ -1,0 +1,29 @@
+"""Prometheus metrics of the ingest and worker processes (`--metrics-port`)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram, start_http_server
+
+EVENTS = Counter("contextlog_events_ingested", "Events appended to the log (new, not redelivered)")
+BATCH_SECONDS = Histogram(
+    "contextlog_batch_seconds",
+    "Time to append one shard batch (one Postgres transaction)",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+DEAD_LETTERS = Counter("contextlog_dead_letters", "Entries dead-lettered", ["reason"])
+SUMMARIES = Counter(
+    "contextlog_summaries", "Session summaries written, by outcome", ["outcome"]
+)  # outcome: api, local, failed
+COMPACTIONS = Counter("contextlog_compactions", "Compactions, by outcome", ["outcome"])
+IDLE_CHECKS = Counter("contextlog_idle_checks", "Idle checks, by what they did", ["outcome"])
+IDLE_DELAY = Histogram(
+    "contextlog_idle_delay_seconds",
+    "How long after its deadline an idle conversation was saved",
+    buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300),
+)
+
+
+def serve(port: int | None, bind: str = "127.0.0.1") -> None:
+    """Expose /metrics on `port` (nothing when None)."""
+    if port is not None:
+        start_http_server(port, addr=bind)
