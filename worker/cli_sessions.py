@@ -168,6 +168,13 @@ def cmd_dashboard(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_chat(settings: Settings, args: argparse.Namespace) -> int:
+    """A terminal chat client on `producers`: messages, /context commands, notifications."""
+    from worker import chat
+
+    return chat.run(settings, args.agent, args.channel)
+
+
 def add_metrics_options(p: argparse.ArgumentParser) -> None:
     """`--metrics-port` (Prometheus /metrics) and where it listens."""
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
@@ -196,6 +203,9 @@ def add_parsers(sub: Any) -> None:
     n.add_argument("--group", default="cli")
     n.add_argument("--follow", "-f", action="store_true")
     n.add_argument("--json", action="store_true")
+    c = sub.add_parser("chat", help="chat in the terminal, with memory")
+    c.add_argument("agent")
+    c.add_argument("--channel", default="terminal")
     sub.add_parser("dashboard", help="run rq-dashboard (127.0.0.1:9181 unless configured)")
     w = sub.add_parser("worker", help="run jobs: summaries, compaction, idle saves")
     w.add_argument("--burst", action="store_true", help="exit when the queues are empty")
@@ -209,4 +219,5 @@ COMMANDS = {
     "notifications": cmd_notifications,
     "worker": cmd_worker,
     "dashboard": cmd_dashboard,
+    "chat": cmd_chat,
 }

@@ -43,24 +43,35 @@ STUCK_S: Final = 10.0  # an idle check running this long is taken for dead
 KEEP_MS: Final = 3_600_000  # a timer outlives its deadline by this, then Redis drops it
 _LIVE: Final = (JobStatus.SCHEDULED, JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED)
 
-# Record the newest deadline; arm (and tell the caller to schedule `job`) only when no
-# timer exists. KEYS[1] timer; ARGV due_ms, job, keep_ms, only_if_missing, agent, channel.
+# Record the newest deadline; arm (and tell the caller to schedule `job`) when no timer
+# exists, or when the new deadline comes before the armed job's (the timeout was
+# shortened): that job then finds itself superseded. KEYS[1] timer; ARGV due_ms, job,
+# keep_ms, only_if_missing, agent, channel.
 _ARM = """
-local due = tonumber(redis.call('HGET', KEYS[1], 'due') or '-1')
-if due >= 0 then
+local job_due = tonumber(redis.call('HGET', KEYS[1], 'job_due') or '-1')
+local new = tonumber(ARGV[1])
+if job_due >= 0 then
   if ARGV[4] == '1' then return 0 end
-  if tonumber(ARGV[1]) > due then redis.call('HSET', KEYS[1], 'due', ARGV[1]) end
+  if new > tonumber(redis.call('HGET', KEYS[1], 'due')) then
+    redis.call('HSET', KEYS[1], 'due', ARGV[1])
+  end
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return 0
+  if new >= job_due then return 0 end
+  redis.call('HSET', KEYS[1], 'job', ARGV[2], 'job_due', ARGV[1])
+  return 1
 end
-redis.call('HSET', KEYS[1], 'due', ARGV[1], 'job', ARGV[2], 'agent', ARGV[5], 'channel', ARGV[6])
+redis.call('HSET', KEYS[1], 'due', ARGV[1], 'job', ARGV[2], 'job_due', ARGV[1],
+           'agent', ARGV[5], 'channel', ARGV[6])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
 """
 # Pass the timer from job ARGV[1] to job ARGV[2] (a re-arm); 0 if ARGV[1] no longer owns it.
 _HANDOFF = """
 if redis.call('HGET', KEYS[1], 'job') ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'job', ARGV[2], 'due', ARGV[3])
+redis.call('HSET', KEYS[1], 'job', ARGV[2], 'job_due', ARGV[3])
+if tonumber(ARGV[3]) > tonumber(redis.call('HGET', KEYS[1], 'due') or '0') then
+  redis.call('HSET', KEYS[1], 'due', ARGV[3])
+end
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[4]))
 return 1
 """

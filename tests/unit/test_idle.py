@@ -168,3 +168,25 @@ def test_a_dead_job_is_not_live_but_a_scheduled_one_is(timers: Timers) -> None:
 
 def test_human_durations() -> None:
     assert [idle.human(s) for s in (1800, 5, 90, 7200)] == ["30 min", "5 s", "90 s", "2 h"]
+
+
+def test_a_shortened_timeout_arms_an_earlier_job_and_supersedes_the_late_one(
+    timers: Timers,
+) -> None:
+    clock, conv = FakeClock(T0), Conversation(timeout=1800)
+    conv.message(T0)
+    timers.arm_many([(A, C, T0 + dt.timedelta(minutes=30))], T0)
+    late = timers.read(A, C)
+    clock.advance(5)
+    conv.state = dataclasses.replace(conv.state, idle_timeout=2)  # /context settings idle=2s
+    conv.message(clock.now())
+    assert timers.arm_many([(A, C, clock.now() + dt.timedelta(seconds=2))], clock.now()) == 1
+    early = timers.read(A, C)
+    assert late is not None and early is not None and early.job != late.job
+    assert len(scheduled(timers)) == 2
+    clock.advance(2)
+    assert fire(timers, conv, clock) == idle.SAVE  # the early job
+    assert idle.check(timers, A, C, late.job, lambda: conv.state, conv.push, clock.now()) == (
+        "superseded"
+    )
+    assert len(conv.pushed) == 1
