@@ -5,7 +5,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed
 DEVENV := $(VENV)/bin/python -m worker.devenv --
 
-.PHONY: venv test demo bench lint clean
+.PHONY: venv test demo bench lint run clean
 
 venv: $(STAMP)
 
@@ -27,6 +27,10 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(DEVENV) $(VENV)/bin/python -m tests.bench.run
+
+# The whole stack of the Procfile (ingest, worker, dashboard on 127.0.0.1:9181) under honcho.
+run: $(STAMP)
+	$(DEVENV) env PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho start
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
