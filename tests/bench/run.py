@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 import psycopg
 import redis
 
-from tests.bench import context, ingest, report, sessions
+from tests.bench import context, idle, ingest, report, sessions
 from tests.bench.harness import BenchEnv, BenchError, Benchmark, Result
 from tests.support.services import create_database, drop_database
 
@@ -29,6 +29,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "context": context.run,
     "read_your_writes": context.run_read_your_writes,
     "sessions": sessions.run,
+    "idle": idle.run,
 }
 
 

@@ -49,13 +49,13 @@ from tests.bench.harness import (
 )
 from tests.bench.workload import Traffic
 from tests.support.fake_anthropic import FakeAPIServer
-from worker.jobs import SUMMARIES
+from worker.jobs import IDLE, SUMMARIES
 
 SESSIONS = 1000
 SEED_MESSAGES = 4  # per conversation: every save has a window to snapshot
 # A job is ~200 ms of waiting on the API for a few ms of CPU, so workers can outnumber
-# the 2 cores of the reference machine: 8 keeps 8 requests in flight for ~8 x 70 MB of
-# RSS. More would mostly measure how 2 cores share RQ's per-job Redis traffic.
+# the 2 cores of the reference machine: 8 keep 8 requests in flight for ~110 MB of RSS
+# each. More would mostly measure how 2 cores share RQ's per-job work.
 WORKERS = 8
 LATENCY = 0.2  # seconds the fake API takes per request
 SHARDS = 4
@@ -107,6 +107,10 @@ class Rig:
         assert row is not None
         return int(row[0]), int(row[1]), int(row[2])
 
+    def redis_commands(self) -> int:
+        """Commands the Redis server has processed (all clients, since it started)."""
+        return int(self.client.info("stats")["total_commands_processed"])
+
     def meter(self) -> CpuMeter:
         """CPU of ingest, the workers, Redis, Postgres backends and this process (the API)."""
         cpu = CpuMeter()
@@ -116,6 +120,7 @@ class Rig:
             cpu.watch("workers", w.proc.pid)
         cpu.watch("bench_and_fake_api", os.getpid())
         cpu.watch_counter("redis_server", redis_cpu(self.env.redis_url))
+        cpu.watch_counter("other_programs", _OtherPrograms(self).cpu_seconds)
         if is_local(self.env.database_url):
             rows = self.conn.execute(
                 "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
@@ -126,6 +131,33 @@ class Rig:
         return cpu
 
 
+class _OtherPrograms:
+    """CPU seconds used since creation by processes that are not this benchmark's, its
+    servers' (Postgres, Redis) or their children: on a shared machine, the competition.
+    Processes that start and exit in between are missed."""
+
+    def __init__(self, rig: Rig) -> None:
+        mine = {os.getpid(), *(p.proc.pid for p in rig.processes)}
+        self._mine = mine
+        self._start = self._snapshot()
+
+    def _snapshot(self) -> dict[int, float]:
+        out = {}
+        for ps in psutil.process_iter(["name", "ppid", "cpu_times"]):
+            info = ps.info
+            if info["cpu_times"] is None or info["name"] in ("postgres", "redis-server"):
+                continue
+            if ps.pid in self._mine or info["ppid"] in self._mine:
+                continue
+            out[ps.pid] = float(info["cpu_times"].user + info["cpu_times"].system)
+        return out
+
+    def cpu_seconds(self) -> float:
+        """Seconds since creation (a counter read twice by CpuMeter: 0, then the total)."""
+        now = self._snapshot()
+        return sum(max(0.0, used - self._start.get(pid, 0.0)) for pid, used in now.items())
+
+
 @dataclass(frozen=True)
 class Landing:
     """One round of 1,000 saves: when their sessions and summaries were stored."""
@@ -134,6 +166,7 @@ class Landing:
     marks: dict[str, float]  # seconds to: all sessions stored, first summary, 10/50/90%
     api_requests: int
     failed: int
+    redis_commands: int  # by every client of the server (any db), push to last summary
     cpu: dict[str, float]
 
 
@@ -168,12 +201,13 @@ def run(env: BenchEnv) -> Result:
         warm = _drain(rig, _prepare(rig.producer, traffic, WARM_MESSAGES), "warm-up")
         alone = _drain(rig, _prepare(rig.producer, traffic, count), "alone")
         busy = _drain(rig, _prepare(rig.producer, traffic, count), "while summarising")
-        tail = _await_summaries(rig, SESSIONS, busy.released, busy.requests_at_release)
+        second = _await_summaries(rig, SESSIONS, busy.released, busy.requests_at_release)
         checks = _check(rig, SESSIONS * SEED_MESSAGES + WARM_MESSAGES + 2 * count)
-        checks["warm_up_drain"] = {"messages": warm.messages, "seconds": round(warm.seconds, 3)}
+        checks["warm_up_drain"] = _rounded(warm, "released", "requests_at_release")
         checks["peak_rss_mb"] = _peaks(rig)
         checks["exit_statuses"] = _stop_all(rig)
-    return _result(a, alone, busy, tail, checks, load_at_start)
+    checks["load_average_at_start"] = load_at_start
+    return _result(a, alone, busy, second, checks)
 
 
 # -- set-up ------------------------------------------------------------------------------
@@ -281,7 +315,7 @@ def _phase_a(rig: Rig) -> Landing:
 def _await_summaries(rig: Rig, base: int, started: float, requests: int) -> Landing:
     """Poll until `base` + 1,000 sessions have a summary; `started` is the clock's 0 and
     `requests` the fake API's count then."""
-    cpu = rig.meter()
+    cpu, commands = rig.meter(), rig.redis_commands()
     timeout = 60 + 10 * SESSIONS * LATENCY / WORKERS
     marks: dict[str, float] = {}
     goals = {"10%": 0.1, "50%": 0.5, "90%": 0.9}
@@ -309,7 +343,7 @@ def _await_summaries(rig: Rig, base: int, started: float, requests: int) -> Land
     if failed:
         raise BenchError(f"{failed} summaries failed (placeholder stored)\n{_logs(rig)}")
     served = rig.api.requests_served - requests
-    return Landing(elapsed, marks, served, failed, cpu.report())
+    return Landing(elapsed, marks, served, failed, rig.redis_commands() - commands, cpu.report())
 
 
 # -- phase B: ingest with and without summary work --------------------------------------
@@ -413,7 +447,7 @@ def _drain(rig: Rig, messages: list[Prepared], label: str) -> Drain:
 
 
 def _check(rig: Rig, messages: int) -> dict[str, Any]:
-    """Every message stored once, no dead letters, no failed jobs, no compaction."""
+    """Every message stored once, every summary once, no dead letters or failed jobs."""
     row = rig.conn.execute(
         "SELECT count(*) FILTER (WHERE kind = 'message.v1'),"
         " count(*) FILTER (WHERE kind = 'summary.v1'),"
@@ -436,11 +470,13 @@ def _check(rig: Rig, messages: int) -> dict[str, Any]:
         "dead_letters": dead,
         "failed_jobs": failed_jobs,
         "api_requests_total": rig.api.requests_served,
+        "stderr_tails": {p.name: p.stderr_tail(5) for p in rig.processes if p.stderr_tail(5)},
     }
 
 
 def _failed_jobs(rig: Rig) -> int:
-    return int(FailedJobRegistry(SUMMARIES, connection=rig.client).count)
+    """Failed jobs on both of the workers' queues."""
+    return sum(FailedJobRegistry(q, connection=rig.client).count for q in (SUMMARIES, IDLE))
 
 
 def _logs(rig: Rig) -> str:
@@ -484,13 +520,18 @@ def _stop_all(rig: Rig) -> dict[str, int]:
 
 
 def _cpu_line(usage: dict[str, float]) -> str:
-    named = [
-        f"{k.removesuffix('_cpu_seconds')} {v:.1f}s"
+    """`ingest 6.5s, ...; machine busy 14.4s (2.1s unattributed) of 2 cores x 9.6s`; the
+    unattributed part is Postgres's background processes, the workers' RQ scheduler child
+    and programs that came and went during the phase."""
+    named = {
+        k.removesuffix("_cpu_seconds"): v
         for k, v in usage.items()
         if k.endswith("_cpu_seconds") and not k.startswith("machine")
-    ]
+    }
+    busy = usage["machine_busy_cpu_seconds"]
     return (
-        ", ".join(named) + f"; machine busy {usage['machine_busy_cpu_seconds']:.1f}s "
+        ", ".join(f"{k} {v:.1f}s" for k, v in named.items())
+        + f"; machine busy {busy:.1f}s ({busy - sum(named.values()):.1f}s unattributed) "
         f"of {usage['cores']:.0f} cores x {usage['wall_seconds']:.1f}s"
     )
 
@@ -499,24 +540,27 @@ def _per_job_ms(usage: dict[str, float], name: str) -> float:
     return round(1000 * usage.get(f"{name}_cpu_seconds", 0.0) / SESSIONS, 2)
 
 
+def _rounded(x: object, *drop: str) -> dict[str, Any]:
+    """A result record as JSON: floats to the millisecond, bookkeeping fields left out."""
+    fields = dataclasses.asdict(x)  # type: ignore[call-overload]
+    return {
+        k: round(v, 3) if isinstance(v, float) else v for k, v in fields.items() if k not in drop
+    }
+
+
 def _result(
-    a: Landing,
-    alone: Drain,
-    busy: Drain,
-    tail: Landing,
-    checks: dict[str, Any],
-    load_at_start: list[float],
+    a: Landing, alone: Drain, busy: Drain, second: Landing, checks: dict[str, Any]
 ) -> Result:
     ideal = SESSIONS * LATENCY / WORKERS
-    ours, limit = SESSIONS / a.seconds, WORKERS / LATENCY
     # Time a worker slot spends per job beyond the API's latency, if all W were kept busy.
     overhead_ms = 1000 * (a.seconds * WORKERS / SESSIONS - LATENCY)
     slowdown = busy.rate / alone.rate
+    per_job = {n: _per_job_ms(a.cpu, n) for n in ("workers", "redis_server", "ingest")}
     return Result(
         name="sessions",
         unit="sessions/s",
-        ours=ours,
-        limit=limit,
+        ours=SESSIONS / a.seconds,
+        limit=WORKERS / LATENCY,
         limit_label=f"{WORKERS} workers each waiting out one {LATENCY * 1000:.0f} ms API call "
         f"per session and nothing else: {SESSIONS:,} x {LATENCY} s / {WORKERS} = {ideal:.0f} s",
         target=TARGET_RATIO,
@@ -528,7 +572,7 @@ def _result(
         description=(
             f"{SESSIONS:,} conversations of {SEED_MESSAGES} messages saved at once (one "
             f"pipeline of `save` events) with a running `contextlog ingest` and {WORKERS} "
-            f"`contextlog worker` processes (RQ SimpleWorkers) whose summaries go to a fake "
+            "`contextlog worker` processes (RQ SimpleWorkers) whose summaries go to a fake "
             f"Messages API answering in {LATENCY * 1000:.0f} ms "
             "(`tests/support/fake_anthropic.FakeAPIServer`); timed from the push until every "
             "session has a summary in Postgres. Then the same ingest drains a backlog of "
@@ -536,88 +580,44 @@ def _result(
             f"workers idle and once while they summarise another {SESSIONS:,} saves pushed just "
             "before the messages."
         ),
-        notes=_notes(a, alone, busy, tail, overhead_ms),
-        details=_details(a, alone, busy, tail, checks, load_at_start, overhead_ms),
-    )
-
-
-def _notes(a: Landing, alone: Drain, busy: Drain, tail: Landing, overhead_ms: float) -> list[str]:
-    marks = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in a.marks.items())
-    return [
-        f"Summaries: {a.seconds:.2f} s for {SESSIONS:,} ({marks}); {a.api_requests:,} fake "
-        f"API requests, {a.failed} failed; {overhead_ms:.0f} ms per job beyond the API "
-        f"latency per worker slot; CPU {_cpu_line(a.cpu)}; per job: workers "
-        f"{_per_job_ms(a.cpu, 'workers')} ms, Redis {_per_job_ms(a.cpu, 'redis_server')} ms, "
-        f"ingest {_per_job_ms(a.cpu, 'ingest')} ms.",
-        f"Ingest alone: {alone.messages:,} messages in {alone.seconds:.2f} s "
-        f"({alone.rate:,.0f}/s); CPU {_cpu_line(alone.cpu)}.",
-        f"Ingest while summarising: {busy.messages:,} messages and {SESSIONS:,} saves in "
-        f"{busy.seconds:.2f} s ({busy.rate:,.0f} messages/s, {busy.rate / alone.rate:.2f}x "
-        f"alone); {busy.summaries_during} summaries landed meanwhile; CPU {_cpu_line(busy.cpu)}.",
-        f"The second round's {SESSIONS:,} summaries all landed {tail.seconds:.2f} s after the "
-        "backlog was released (ingest stores them behind the messages, in stream order).",
-        f"The backlog is pushed while ingest is paused (SIGSTOP; {alone.push_seconds:.1f} s and "
-        f"{busy.push_seconds:.1f} s), then timed from SIGCONT until every shard's checkpoint "
-        "passes its stream's last entry. Processes log at `warning`.",
-    ]
-
-
-def _details(
-    a: Landing,
-    alone: Drain,
-    busy: Drain,
-    tail: Landing,
-    checks: dict[str, Any],
-    load_at_start: list[float],
-    overhead_ms: float,
-) -> dict[str, Any]:
-    def landing(x: Landing) -> dict[str, Any]:
-        return {
-            "seconds": round(x.seconds, 3),
-            "sessions_per_s": round(SESSIONS / x.seconds, 2),
-            "api_requests": x.api_requests,
-            "failed": x.failed,
-            "cpu": x.cpu,
-            "cpu_ms_per_job": {
-                n: _per_job_ms(x.cpu, n)
-                for n in ("workers", "redis_server", "ingest", "postgres_backends")
+        notes=[
+            f"Summaries: {a.seconds:.2f} s; seconds after the push to "
+            + ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in a.marks.items())
+            + f". {a.api_requests:,} fake API requests, {a.failed} failed. A worker slot "
+            f"spent {overhead_ms:.0f} ms per job beyond the API's latency; per job: CPU "
+            + ", ".join(f"{k} {v} ms" for k, v in per_job.items())
+            + f", {a.redis_commands / SESSIONS:.0f} Redis commands (all clients). "
+            f"CPU {_cpu_line(a.cpu)}.",
+            f"Ingest alone: {alone.messages:,} messages in {alone.seconds:.2f} s "
+            f"({alone.rate:,.0f}/s); CPU {_cpu_line(alone.cpu)}.",
+            f"Ingest while summarising: {busy.messages:,} messages and {SESSIONS:,} saves in "
+            f"{busy.seconds:.2f} s ({busy.rate:,.0f} messages/s, {slowdown:.2f}x alone); "
+            f"{busy.summaries_during} summaries stored meanwhile; CPU {_cpu_line(busy.cpu)}.",
+            f"That round's {SESSIONS:,} summaries all landed {second.seconds:.2f} s after the "
+            "backlog was released (ingest stores them behind the messages, in stream order).",
+            f"Each backlog is pushed while ingest is paused (SIGSTOP; {alone.push_seconds:.1f} s "
+            f"and {busy.push_seconds:.1f} s) after an untimed warm-up drain of "
+            f"{WARM_MESSAGES:,} messages, then timed from SIGCONT until every shard's "
+            "checkpoint passes its stream's last entry. Processes log at `warning`.",
+        ],
+        details={
+            "sessions": SESSIONS,
+            "seed_messages_per_session": SEED_MESSAGES,
+            "workers": WORKERS,
+            "api_latency_s": LATENCY,
+            "ideal_seconds": ideal,
+            "shards": SHARDS,
+            "summaries": {
+                **_rounded(a),
+                "sessions_per_s": round(SESSIONS / a.seconds, 2),
+                "overhead_ms_per_job": round(overhead_ms, 1),
+                "cpu_ms_per_job": per_job,
             },
-        }
-
-    def drain(x: Drain) -> dict[str, Any]:
-        return {
-            "messages": x.messages,
-            "events": x.events,
-            "seconds": round(x.seconds, 3),
-            "messages_per_s": round(x.rate, 1),
-            "events_per_s": round(x.events / x.seconds, 1),
-            "push_seconds_while_paused": round(x.push_seconds, 3),
-            "summaries_during": x.summaries_during,
-            "api_requests_during": x.api_requests_during,
-            "cpu": x.cpu,
-        }
-
-    return {
-        "sessions": SESSIONS,
-        "seed_messages_per_session": SEED_MESSAGES,
-        "workers": WORKERS,
-        "api_latency_s": LATENCY,
-        "ideal_seconds": SESSIONS * LATENCY / WORKERS,
-        "shards": SHARDS,
-        "summaries": {
-            **landing(a),
-            "marks_seconds": {k: round(v, 3) for k, v in a.marks.items()},
-            "overhead_ms_per_job": round(overhead_ms, 1),
+            "ingest_alone": _rounded(alone, "released", "requests_at_release"),
+            "ingest_while_summarising": _rounded(busy, "released", "requests_at_release"),
+            "ingest_ratio_busy_over_alone": round(slowdown, 3),
+            # Polled only once the drain was over: its marks would say when polling began.
+            "second_round_summaries": _rounded(second, "marks"),
+            **checks,
         },
-        "ingest_alone": drain(alone),
-        "ingest_while_summarising": drain(busy),
-        "ingest_ratio_busy_over_alone": round(busy.rate / alone.rate, 3),
-        "second_round_summaries": {
-            "seconds_from_release": round(tail.seconds, 3),
-            "sessions_per_s": round(SESSIONS / tail.seconds, 2),
-            "api_requests": tail.api_requests,
-            "cpu_after_the_drain": tail.cpu,
-        },
-        "checks": checks,
-        "load_average_at_start": load_at_start,
-    }
+    )
