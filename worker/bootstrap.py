@@ -9,6 +9,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psycopg
 import redis
@@ -30,10 +31,12 @@ from worker.jobs import IDLE, SUMMARIES, Jobs
 from worker.notify import RedisNotifier
 from worker.relay import Relay
 from worker.streams import Streams
-from worker.summarize import AnthropicSummarizer, LocalSummarizer, Summarizer, make_client
 
 PgConn = psycopg.Connection[TupleRow]
 log = structlog.get_logger("contextlog.bootstrap")
+
+if TYPE_CHECKING:
+    from worker.summarize import Summarizer
 
 
 def redis_client(settings: Settings) -> redis.Redis:
@@ -87,6 +90,9 @@ class Resources:
 
 def summarizer(settings: Settings) -> Summarizer:
     """The Anthropic summarizer when ANTHROPIC_API_KEY is set, the local one otherwise."""
+    # Imported here: `anthropic` takes ~0.8 s to import, and ingest never needs it.
+    from worker.summarize import AnthropicSummarizer, LocalSummarizer, make_client
+
     if not settings.anthropic_api_key:
         return LocalSummarizer()
     client = make_client(

@@ -43,27 +43,34 @@ STUCK_S: Final = 10.0  # an idle check running this long is taken for dead
 KEEP_MS: Final = 3_600_000  # a timer outlives its deadline by this, then Redis drops it
 _LIVE: Final = (JobStatus.SCHEDULED, JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED)
 
-# Record the newest deadline; arm (and tell the caller to schedule `job`) when no timer
-# exists, or when the new deadline comes before the armed job's (the timeout was
-# shortened): that job then finds itself superseded. KEYS[1] timer; ARGV due_ms, job,
-# keep_ms, only_if_missing, agent, channel.
+# For each timer KEYS[i]: record the newest deadline; arm (return 1: the caller schedules
+# the job) when no timer exists, or when the new deadline comes before the armed job's
+# (the timeout was shortened), which leaves that job superseded. One call arms a whole
+# batch: ARGV[1] only_if_missing, then per key due_ms, job, keep_ms, agent, channel.
 _ARM = """
-local job_due = tonumber(redis.call('HGET', KEYS[1], 'job_due') or '-1')
-local new = tonumber(ARGV[1])
-if job_due >= 0 then
-  if ARGV[4] == '1' then return 0 end
-  if new > tonumber(redis.call('HGET', KEYS[1], 'due')) then
-    redis.call('HSET', KEYS[1], 'due', ARGV[1])
+local out = {}
+for i, key in ipairs(KEYS) do
+  local a = 1 + (i - 1) * 5
+  local new = tonumber(ARGV[a + 1])
+  local job_due = tonumber(redis.call('HGET', key, 'job_due') or '-1')
+  out[i] = 0
+  if job_due < 0 then
+    redis.call('HSET', key, 'due', ARGV[a + 1], 'job', ARGV[a + 2], 'job_due', ARGV[a + 1],
+               'agent', ARGV[a + 4], 'channel', ARGV[a + 5])
+    redis.call('PEXPIRE', key, ARGV[a + 3])
+    out[i] = 1
+  elseif ARGV[1] ~= '1' then
+    if new > tonumber(redis.call('HGET', key, 'due')) then
+      redis.call('HSET', key, 'due', ARGV[a + 1])
+    end
+    redis.call('PEXPIRE', key, ARGV[a + 3])
+    if new < job_due then
+      redis.call('HSET', key, 'job', ARGV[a + 2], 'job_due', ARGV[a + 1])
+      out[i] = 1
+    end
   end
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  if new >= job_due then return 0 end
-  redis.call('HSET', KEYS[1], 'job', ARGV[2], 'job_due', ARGV[1])
-  return 1
 end
-redis.call('HSET', KEYS[1], 'due', ARGV[1], 'job', ARGV[2], 'job_due', ARGV[1],
-           'agent', ARGV[5], 'channel', ARGV[6])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return 1
+return out
 """
 # Pass the timer from job ARGV[1] to job ARGV[2] (a re-arm); 0 if ARGV[1] no longer owns it.
 _HANDOFF = """
@@ -142,23 +149,22 @@ class Timers:
         now: dt.datetime,
         only_if_missing: bool = False,
     ) -> int:
-        """Arm (agent, channel, deadline) timers in one pipeline; schedules a job for each
-        conversation that had none. Returns how many jobs were scheduled."""
-        pipe = self.redis.pipeline(transaction=False)
-        ids = []
+        """Arm (agent, channel, deadline) timers with one Redis call (a Lua script over
+        all of them); schedules a job for each conversation that had none. Returns how
+        many jobs were scheduled."""
+        if not timers:
+            return 0
+        nonce = uuid.uuid4().hex[:8]  # job ids are never reused
+        keys: list[str] = []
+        ids: list[str] = []
+        args: list[str | int] = [int(only_if_missing)]
         for agent, channel, due in timers:
-            job = new_job_id(agent, channel, ms(due))
+            h, due_ms = _conv_hash(agent, channel), ms(due)
+            job = f"idle-{h}-{due_ms}-{nonce}"
+            keys.append(f"contextlog:idle:{{{h}}}")
+            args += [due_ms, job, keep_ms(due, now), agent, channel]
             ids.append(job)
-            args: list[str | int] = [
-                ms(due),
-                job,
-                keep_ms(due, now),
-                int(only_if_missing),
-                agent,
-                channel,
-            ]
-            self._arm(keys=[timer_key(agent, channel)], args=args, client=pipe)
-        armed = pipe.execute()
+        armed: Any = self._arm(keys=keys, args=args)
         scheduled = 0
         for (agent, channel, due), job, new in zip(timers, ids, armed, strict=True):
             if new:

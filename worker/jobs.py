@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 import redis
@@ -28,10 +29,10 @@ from schema import events as ev
 from schema.errors import Refused
 from schema.queries import query
 from worker import idle, metrics, sessions
-from worker.summarize import Summarizer, Summary
 
 if TYPE_CHECKING:
     from worker.bootstrap import Resources
+    from worker.summarize import Summarizer
 
 log = structlog.get_logger("contextlog.jobs")
 
@@ -41,6 +42,23 @@ JOB_SOURCE: Final = "contextlog-jobs"  # the namespace of derived result event i
 RESULT_TTL: Final = 3600  # finished jobs stay visible in rq-dashboard for an hour
 FAILURE_TTL: Final = 7 * 86400
 _DEAD: Final = (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED)
+
+
+# SET NX EX over every key: 1 where this call took the claim.
+_CLAIM = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  out[i] = redis.call('SET', key, '1', 'NX', 'EX', ARGV[1]) and 1 or 0
+end
+return out
+"""
+CLAIM_TTL_S: Final = 600  # a compaction claim outlives a job that died by this much
+SETTLE_S: Final = 10  # after a compaction, time for its event to land before the next
+
+
+def compaction_claim(agent: str, channel: str) -> str:
+    """The key that says a compaction of the conversation is queued or running."""
+    return f"contextlog:compacting:{{{job_key(agent, channel)}}}"
 
 
 def job_key(*parts: str) -> str:
@@ -54,6 +72,7 @@ class Jobs:
     def __init__(self, client: redis.Redis, job_timeout: int = 300) -> None:
         self.summaries = Queue(SUMMARIES, connection=client)
         self.job_timeout = job_timeout
+        self._claim = client.register_script(_CLAIM)
 
     def summarize(self, agent: str, channel: str, session_id: str) -> bool:
         """Queue the summary of a saved session; False if it is already queued."""
@@ -64,6 +83,17 @@ class Jobs:
             description=f"summarize session {session_id} ({agent}/{channel})",
             result_ttl=RESULT_TTL,
         )
+
+    def compact_many(self, convs: Sequence[tuple[str, str]]) -> int:
+        """Queue compactions for conversations that have none claimed: one Redis call
+        claims them all (a conversation over the threshold triggers on every batch until
+        its compaction lands). Returns how many were queued."""
+        if not convs:
+            return 0
+        claimed: Any = self._claim(
+            keys=[compaction_claim(a, c) for a, c in convs], args=[CLAIM_TTL_S]
+        )
+        return sum(self.compact(a, c) for (a, c), ok in zip(convs, claimed, strict=True) if ok)
 
     def compact(self, agent: str, channel: str) -> bool:
         """Queue a compaction of a conversation; at most one is queued or running."""
@@ -192,6 +222,8 @@ def compaction_event(
     through = (
         sessions.compaction_cut(w.messages) if sessions.over_threshold(total, w.budget) else None
     )
+    from worker.summarize import Summary  # imports anthropic: workers only, not ingest
+
     summary = Summary("")
     if through is not None:
         older = [(m.role, m.content) for m in w.messages if m.seq <= through]
@@ -216,6 +248,15 @@ def compaction_event(
 
 def run_compaction(res: Resources, agent: str, channel: str) -> str:
     """Compact each thread of the conversation that passed the threshold."""
+    try:
+        return _compact(res, agent, channel)
+    finally:
+        # Not deleted: the compaction event still has to pass through ingest, and until
+        # it lands the thread stays over the threshold.
+        res.producer.redis.expire(compaction_claim(agent, channel), SETTLE_S)
+
+
+def _compact(res: Resources, agent: str, channel: str) -> str:
     done = 0
     for w in read_windows(res, agent, channel):
         event = compaction_event(agent, channel, w, res.summarizer)

@@ -46,5 +46,6 @@ class Relay:
         for x in effects:
             if x.kind == SUMMARIZE:
                 self.jobs.summarize(x.body["agent"], x.body["channel"], x.body["session_id"])
-            elif x.kind == COMPACT:
-                self.jobs.compact(x.body["agent"], x.body["channel"])
+        compact = [(x.body["agent"], x.body["channel"]) for x in effects if x.kind == COMPACT]
+        if compact:
+            self.jobs.compact_many(compact)

@@ -406,9 +406,9 @@ class RecordingJobs:
         self.calls.append(("summarize", agent, channel, session_id))
         return True
 
-    def compact(self, agent: str, channel: str) -> bool:
-        self.calls.append(("compact", agent, channel))
-        return True
+    def compact_many(self, convs: list[tuple[str, str]]) -> int:
+        self.calls += [("compact", a, c) for a, c in convs]
+        return len(convs)
 
 
 def test_effects_survive_an_outage_between_commit_and_relay(db: str) -> None:
