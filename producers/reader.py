@@ -238,8 +238,13 @@ class ContextReader(_Reader):
     def _session(
         self, session_id: str, agent: str | None, channel: str | None
     ) -> tuple[SessionInfo, list[int]]:
+        params = {"session_id": session_id, "agent": agent, "channel": channel}
         with self.connection() as conn:
-            rows = conn.execute(query("get_session"), {"session_id": session_id}).fetchall()
+            rows = conn.execute(query("get_session"), params).fetchall()
+            if not rows and (agent or channel):
+                rows = conn.execute(
+                    query("get_session"), {**params, "agent": None, "channel": None}
+                ).fetchmany(1)
         return pick(rows, session_id, agent, channel)
 
     def _wait(self, conn: Any, event_id: str, timeout: float) -> None:
@@ -312,9 +317,14 @@ class AsyncContextReader(_Reader):
         self, session_id: str, *, agent: str | None = None, channel: str | None = None
     ) -> SessionInfo:
         """One live session; `Refused` if unknown, deleted, or of another conversation."""
+        params = {"session_id": session_id, "agent": agent, "channel": channel}
         async with await self._aconn() as conn:
-            cur = await conn.execute(query("get_session"), {"session_id": session_id})
-            rows = await cur.fetchall()
+            rows = await (await conn.execute(query("get_session"), params)).fetchall()
+            if not rows and (agent or channel):
+                cur = await conn.execute(
+                    query("get_session"), {**params, "agent": None, "channel": None}
+                )
+                rows = await cur.fetchmany(1)
         return pick(rows, session_id, agent, channel)[0]
 
     async def _aconn(self) -> Any:

@@ -157,11 +157,14 @@ ORDER BY created_at DESC, seq DESC
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: get_session
+-- A live session by id, in one conversation when given (ids are unique per conversation).
 SELECT agent, channel, session_id, created_at, description, summary, message_count,
        token_estimate, auto, preview, summary_local, summary_failed, provider, model,
        window_start, window_end, seqs
 FROM sessions
 WHERE session_id = %(session_id)s AND deleted_at IS NULL
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+  AND (%(channel)s::text IS NULL OR channel = %(channel)s)
 ORDER BY agent, channel LIMIT 50;
 
 -- name: pending_summaries

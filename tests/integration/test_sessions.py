@@ -453,3 +453,20 @@ def test_status_reports_the_summary_backlog_and_queues_without_workers(
     assert cli.main(["status", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["summary_backlog"] == 0 and report["healthy"]
+
+
+def test_the_same_session_id_in_many_conversations_each_gets_its_summary(stack: Stack) -> None:
+    stack.use(LocalSummarizer())
+    channels = [f"c{i:02d}" for i in range(60)]  # more than one lookup page of 50
+    with stack.producer.batch() as b:
+        for ch in channels:
+            b.post_message(A, ch, "user", f"work in {ch}", source="test")
+            b.save(A, ch, "Same name", source="test")
+    for _ in channels:
+        stack.notice(nt.SESSION_SAVED)
+    stack.run_jobs()
+    sid = stack.reader.sessions(A, "c59").sessions[0].session_id
+    for ch in channels:
+        eventually(lambda ch=ch: stack.reader.session(sid, agent=A, channel=ch).summary is not None)
+        info, messages = stack.reader.session_messages(sid, agent=A, channel=ch)
+        assert info.channel == ch and messages[0].content == f"work in {ch}"
