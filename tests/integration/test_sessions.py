@@ -466,7 +466,11 @@ def test_the_same_session_id_in_many_conversations_each_gets_its_summary(stack: 
         stack.notice(nt.SESSION_SAVED)
     stack.run_jobs()
     sid = stack.reader.sessions(A, "c59").sessions[0].session_id
+
+    def summarised(ch: str) -> bool:
+        return stack.reader.session(sid, agent=A, channel=ch).summary is not None
+
+    eventually(lambda: all(summarised(ch) for ch in channels), what="60 summaries")
     for ch in channels:
-        eventually(lambda ch=ch: stack.reader.session(sid, agent=A, channel=ch).summary is not None)
         info, messages = stack.reader.session_messages(sid, agent=A, channel=ch)
         assert info.channel == ch and messages[0].content == f"work in {ch}"
