@@ -194,7 +194,7 @@ class PostgresEventLog:
             return 0
         try:
             with self.conn.transaction():
-                params = {"ids": [], "older_than": older_than, "limit": limit}
+                params = {"older_than": older_than, "limit": limit}
                 rows = self.conn.execute(query("take_effects"), params).fetchall()
                 if rows:
                     self.relay.send([Effect(r[1], r[2]) for r in rows])

@@ -134,7 +134,7 @@ ORDER BY seq;
 -- Effects left by a crash between commit and relay, oldest first; SKIP LOCKED lets
 -- two relays share the work.
 SELECT id, kind, body FROM effects
-WHERE id = ANY(%(ids)s) OR created_at < now() - make_interval(secs => %(older_than)s)
+WHERE created_at < now() - make_interval(secs => %(older_than)s)
 ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED;
 
 -- name: delete_effects
