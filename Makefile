@@ -1,11 +1,11 @@
-# Developer entry points. Targets that need Postgres and Redis run through worker.devenv,
+# Developer entry points. Targets that need Postgres and Redis run through contextlog.worker.devenv,
 # which embeds a server under .contextlog/ for DATABASE_URL / REDIS_URL when one is unset.
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
-DEVENV := $(VENV)/bin/python -m worker.devenv --
+DEVENV := $(VENV)/bin/python -m contextlog.worker.devenv --
 
-.PHONY: venv test demo bench lint run clean
+.PHONY: venv test demo bench lint run attach clean
 
 venv: $(STAMP)
 
@@ -29,16 +29,26 @@ bench: $(STAMP)
 	$(DEVENV) $(VENV)/bin/python -m tests.bench.run
 
 # The whole stack of the Procfile (ingest, worker, dashboard on 127.0.0.1:9181) under honcho.
+# It prints the embedded servers' URLs; closing its terminal or killing it stops everything.
 run: $(STAMP)
 	$(DEVENV) env PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho start
 
+# From a second terminal while `make run` (or a --keep run) is up: CMD on its servers, e.g.
+# `make attach CMD='contextlog status'`; without CMD, a shell with DATABASE_URL and REDIS_URL.
+attach: $(STAMP)
+	@PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/python -m contextlog.worker.devenv --attach -- \
+	  $(if $(CMD),sh -c "$$CMD",$${SHELL:-sh})
+
+# mypy cannot see through the editable install's import hook: it reads the package through
+# .typing/contextlog/, links to the top-level folders under their import names.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	@mkdir -p .typing/contextlog
+	@for d in schema producers worker; do ln -sfn ../../$$d .typing/contextlog/$$d; done
 	$(VENV)/bin/mypy
 
-# Servers left running by `devenv --keep` are stopped first: a devenv run adopts and stops them.
+# Servers left running by `devenv --keep` are stopped first.
 clean:
-	@if [ -x $(VENV)/bin/python ] && { [ -S .contextlog/redis.sock ] || \
-	    [ -f .contextlog/pgdata/postmaster.pid ]; }; then \
-	  env -u DATABASE_URL -u REDIS_URL $(DEVENV) true; fi
+	@if [ -x $(VENV)/bin/python ] && [ -d .contextlog ]; then \
+	  $(VENV)/bin/python -m contextlog.worker.devenv --stop; fi
 	rm -rf .contextlog

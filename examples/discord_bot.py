@@ -27,7 +27,7 @@ from typing import Any
 import discord
 from discord import app_commands
 
-from producers import (
+from contextlog.producers import (
     AsyncContextReader,
     AsyncNotifications,
     AsyncProducer,
@@ -38,9 +38,9 @@ from producers import (
     SessionPage,
     Unavailable,
 )
-from producers import notices as nt
-from producers.commands import parse_duration
-from schema.events import MAX_DURATION_S, MAX_TOKEN_BUDGET
+from contextlog.producers import notices as nt
+from contextlog.producers.commands import parse_duration
+from contextlog.schema.events import MAX_DURATION_S, MAX_TOKEN_BUDGET
 
 SOURCE = "discord"
 MAX_MESSAGE = 2000  # Discord's limit on one message's content

@@ -32,7 +32,7 @@ from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncBoltContext, AsyncResp
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from producers import (
+from contextlog.producers import (
     AsyncContextReader,
     AsyncNotifications,
     AsyncProducer,
@@ -43,9 +43,9 @@ from producers import (
     SessionPage,
     Unavailable,
 )
-from producers import notices as nt
-from producers.commands import parse_duration
-from schema.events import MAX_DURATION_S, MAX_TOKEN_BUDGET
+from contextlog.producers import notices as nt
+from contextlog.producers.commands import parse_duration
+from contextlog.schema.events import MAX_DURATION_S, MAX_TOKEN_BUDGET
 
 SOURCE = "slack"
 MAX_MESSAGE = 4000  # Slack truncates a message's text beyond this

@@ -1,13 +1,13 @@
 """What adapters import: push events, read context and sessions, receive notifications."""
 
-from producers.commands import Batch
-from producers.context import Context
-from producers.history import SessionInfo, SessionPage
-from producers.notifications import AsyncNotifications, Notifications
-from producers.producer import AsyncProducer, Producer
-from producers.reader import AsyncContextReader, ContextReader
-from schema import notices
-from schema.errors import (
+from contextlog.producers.commands import Batch
+from contextlog.producers.context import Context
+from contextlog.producers.history import SessionInfo, SessionPage
+from contextlog.producers.notifications import AsyncNotifications, Notifications
+from contextlog.producers.producer import AsyncProducer, Producer
+from contextlog.producers.reader import AsyncContextReader, ContextReader
+from contextlog.schema import notices
+from contextlog.schema.errors import (
     ConfigError,
     ContextlogError,
     EventRejected,
@@ -16,7 +16,7 @@ from schema.errors import (
     Refused,
     Unavailable,
 )
-from schema.notices import Notice
+from contextlog.schema.notices import Notice
 
 __all__ = [
     "AsyncContextReader",

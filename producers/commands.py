@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -10,10 +11,10 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from producers.ids import derived_id, uuid7
-from schema import codec, keys
-from schema import events as ev
-from schema.errors import EventRejected, EventTooLarge
+from contextlog.producers.ids import derived_id, uuid7
+from contextlog.schema import codec, keys
+from contextlog.schema import events as ev
+from contextlog.schema.errors import EventRejected, EventTooLarge
 
 R = TypeVar("R")
 Duration = int | float | dt.timedelta
@@ -45,6 +46,10 @@ class Encoder:
             payload = codec.encode(event)
         except (TypeError, ValueError) as e:
             raise EventRejected(codec.INVALID, f"cannot encode event: {e}") from e
+        except RecursionError as e:
+            raise EventRejected(
+                codec.INVALID, f"content nests too deeply (at most {codec.MAX_NESTING} levels)"
+            ) from e
         if len(payload) > self.max_entry_bytes:
             raise EventTooLarge(
                 codec.OVERSIZED, f"event is {len(payload)} bytes, the cap is {self.max_entry_bytes}"
@@ -54,12 +59,30 @@ class Encoder:
         return Prepared(str(checked.event_id), stream, payload)
 
 
-def _seconds(value: Duration | None) -> int | None:
+def _seconds(name: str, value: Duration | None) -> int | None:
+    """Whole seconds from a number or a timedelta; anything else is refused, not rounded."""
     if value is None:
         return None
-    if isinstance(value, dt.timedelta):
-        return int(value.total_seconds())
-    return int(value)
+    seconds = value.total_seconds() if isinstance(value, dt.timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise EventRejected(
+            codec.INVALID, f"{name} must be seconds (a number) or a timedelta, got {value!r}"
+        )
+    if not math.isfinite(seconds) or seconds != int(seconds):
+        raise EventRejected(codec.INVALID, f"{name} must be whole seconds, got {value!r}")
+    return int(seconds)
+
+
+def _content(content: object) -> str | list[Any]:
+    """A message body as the contract takes it: a string or a list of content blocks."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence) and not isinstance(content, bytes | bytearray):
+        return list(content)
+    raise EventRejected(
+        codec.INVALID,
+        f"content must be a string or a list of content blocks, got {type(content).__name__}",
+    )
 
 
 class Commands(ABC, Generic[R]):
@@ -114,8 +137,8 @@ class Commands(ABC, Generic[R]):
                 "occurred_at": occurred_at,
             },
         )
-        body = content if isinstance(content, str) else list(content)
-        return self._send(ev.MessagePosted(role=role, content=body, **fields))  # type: ignore[arg-type]
+        message = ev.MessagePosted(role=role, content=_content(content), **fields)  # type: ignore[arg-type]
+        return self._send(message)
 
     def clear(self, agent: str, channel: str, **opts: Any) -> R:
         """`/context clear`."""
@@ -158,8 +181,8 @@ class Commands(ABC, Generic[R]):
         """Change per-conversation settings (durations in seconds or as timedelta)."""
         return self._send(
             ev.Configured(
-                rolling_window=_seconds(rolling_window),
-                idle_timeout=_seconds(idle_timeout),
+                rolling_window=_seconds("rolling_window", rolling_window),
+                idle_timeout=_seconds("idle_timeout", idle_timeout),
                 token_budget=token_budget,
                 **self._common(agent, channel, opts),
             )

@@ -6,6 +6,17 @@ user turn; roles alternate (consecutive same-role messages are merged); every
 without its `tool_use`; cuts happen only at turn boundaries. Beyond that, what the API
 refuses is also repaired: empty or blank text blocks, a tool id used twice, trailing
 white space at the end of a final assistant turn.
+
+Thinking (`thinking`, `redacted_thinking`) follows the API's rules: the API reads thinking
+only in the current tool-use cycle (the turns after the last user turn that answers no
+tool call) and must get it back there verbatim, first in that cycle's assistant turn;
+thinking of earlier, finished turns is ignored by the API and not counted in its context
+window, so it is left out here too (its tokens do not count against the budget, and
+models that bind thinking to its prefix want earlier thinking dropped when older turns
+are cut). A window that begins inside a tool-use cycle (a window edge, a clear, a
+restore landing there) starts at the cycle's end instead, so a cycle's thinking is never
+separated from the tool use it preceded. `cache_control` is dropped from every block:
+breakpoints are the adapter's per request choice and would pile up in history.
 """
 
 from __future__ import annotations
@@ -13,9 +24,12 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
+
+from contextlog.schema import blocks as contract
 
 Block = dict[str, Any]
+THINKING: Final = contract.THINKING
 
 
 class StoredMessage(NamedTuple):
@@ -48,6 +62,9 @@ class Context:
     truncated: bool = False
     window_start: dt.datetime | None = None
     first_seq: int | None = field(default=None, compare=False)
+    # The thread's older part was compacted: its summary is in `system`, and the
+    # messages are what came after it.
+    compacted: bool = False
 
     def to_anthropic(self) -> dict[str, Any]:
         """Keyword arguments for `client.messages.create(model=..., max_tokens=..., **ctx)`."""
@@ -58,22 +75,12 @@ class Context:
 
 
 def estimate_tokens(content: str | Sequence[Block]) -> int:
-    """A cheap token estimate: about four characters a token."""
+    """A cheap token estimate: about four characters a token (`schema.blocks.estimate`
+    says what each block type counts)."""
     if isinstance(content, str):
         return max(1, len(content) // 4)
-    total = 0
-    for block in content:
-        kind = block.get("type")
-        if kind == "text":
-            total += len(block.get("text", ""))
-        elif kind == "tool_use":
-            total += len(str(block.get("name", ""))) + len(str(block.get("input", "")))
-        elif kind == "tool_result":
-            inner = block.get("content", "")
-            total += (
-                len(inner) if isinstance(inner, str) else sum(len(b.get("text", "")) for b in inner)
-            )
-    return max(1, total // 4)
+    chars = sum(contract.estimate(b) for b in content if isinstance(b, dict))
+    return max(1, chars // contract.CHARS_PER_TOKEN)
 
 
 def _blank(text: object) -> bool:
@@ -81,11 +88,28 @@ def _blank(text: object) -> bool:
 
 
 def _blocks(content: str | list[Block]) -> list[Block]:
-    """Content as blocks, without blank text (the API refuses it). Blocks are shared,
-    never mutated in place: a change replaces the block."""
+    """Content as blocks, without blank text (the API refuses it) and without
+    `cache_control`. Blocks are shared, never mutated in place: a change replaces the
+    block."""
     if isinstance(content, str):
         return [] if _blank(content) else [{"type": "text", "text": content}]
-    return [b for b in content if b.get("type") != "text" or not _blank(b.get("text"))]
+    return [
+        _uncached(b) for b in content if b.get("type") != "text" or not _blank(b.get("text"))
+    ]
+
+
+def _uncached(block: Block) -> Block:
+    """The block without cache breakpoints (in a tool result's content too)."""
+    if "cache_control" in block:
+        block = {k: v for k, v in block.items() if k != "cache_control"}
+    inner = block.get("content")
+    if (
+        block.get("type") == "tool_result"
+        and isinstance(inner, list)
+        and any(isinstance(b, dict) and "cache_control" in b for b in inner)
+    ):
+        block = {**block, "content": [_uncached(b) for b in inner]}
+    return block
 
 
 def merge_turns(messages: Iterable[StoredMessage]) -> list[Turn]:
@@ -173,13 +197,81 @@ def repair(turns: list[Turn]) -> list[Turn]:
     else:
         while True:
             before = [(t.role, len(t.blocks)) for t in turns]
-            turns = _normalise(_pair_tools(turns))
+            turns = _normalise(_thinking(_pair_tools(turns)))
             if [(t.role, len(t.blocks)) for t in turns] == before:
                 break
+        turns = _normalise(_strip_finished(turns))
     if turns and turns[-1].role == "assistant":
         _strip_trailing_space(turns[-1])
         turns = _normalise(turns)
     return turns
+
+
+def _clean(turn: Turn) -> bool:
+    """A user turn that answers no tool call: where a tool-use cycle ends."""
+    return (
+        turn.role == "user"
+        and bool(turn.blocks)
+        and not any(b.get("type") == "tool_result" for b in turn.blocks)
+    )
+
+
+def _thinking(turns: list[Turn]) -> list[Turn]:
+    """Thinking first in the current cycle's assistant turns, and never alone."""
+    last_clean = _last_clean(turns)
+    for i, turn in enumerate(turns):
+        if turn.role != "assistant" or not any(b.get("type") in THINKING for b in turn.blocks):
+            continue
+        kept = turn.blocks
+        if i > last_clean and kept[0].get("type") not in THINKING:
+            # Merged after other content: what came before the thinking goes.
+            kept = kept[next(j for j, b in enumerate(kept) if b.get("type") in THINKING) :]
+        if all(b.get("type") in THINKING for b in kept):
+            kept = []  # thinking without the answer or tool use it preceded
+        _replace(turn, kept)
+    return turns
+
+
+def _strip_finished(turns: list[Turn]) -> list[Turn]:
+    """Thinking of finished cycles left out: the API ignores it. Run once the turns are
+    otherwise settled (no turn holds thinking alone), so it never empties a turn."""
+    last_clean = _last_clean(turns)
+    for turn in turns[:last_clean]:
+        if turn.role == "assistant" and any(b.get("type") in THINKING for b in turn.blocks):
+            _replace(turn, [b for b in turn.blocks if b.get("type") not in THINKING])
+    return turns
+
+
+def _last_clean(turns: list[Turn]) -> int:
+    return max((i for i, t in enumerate(turns) if _clean(t)), default=-1)
+
+
+def _replace(turn: Turn, kept: list[Block]) -> None:
+    if len(kept) != len(turn.blocks):
+        turn.blocks = kept
+        turn.tokens = estimate_tokens(kept) if kept else 0
+
+
+def from_cycle_end(messages: Sequence[StoredMessage]) -> Sequence[StoredMessage]:
+    """The messages from the first user message that answers no tool call: a window whose
+    edge falls inside a tool-use cycle starts after that cycle, not in its middle."""
+    for i, m in enumerate(messages):
+        if m.role != "user":
+            continue
+        if isinstance(m.content, str):
+            if not _blank(m.content):
+                return _after(messages, i)
+        elif _blocks(m.content) and not any(b.get("type") == "tool_result" for b in m.content):
+            return _after(messages, i)
+    return _after(messages, len(messages))
+
+
+def _after(messages: Sequence[StoredMessage], i: int) -> Sequence[StoredMessage]:
+    # Only stray results before it (no assistant turn of a cut cycle): repair drops them
+    # and keeps any text they came with.
+    if all(m.role == "user" for m in messages[:i]):
+        return messages
+    return messages[i:]
 
 
 def _strip_trailing_space(turn: Turn) -> None:
@@ -196,8 +288,7 @@ def units(turns: list[Turn]) -> list[list[Turn]]:
     """Exchanges: a unit starts at each user turn that answers no tool call."""
     out: list[list[Turn]] = []
     for t in turns:
-        clean_start = t.role == "user" and not any(b.get("type") == "tool_result" for b in t.blocks)
-        if clean_start or not out:
+        if _clean(t) or not out:
             out.append([t])
         else:
             out[-1].append(t)
@@ -221,11 +312,12 @@ def build_context(
     budget: int,
     system: str | None = None,
     window_start: dt.datetime | None = None,
+    compacted: bool = False,
 ) -> Context:
     """The valid, budget-fitted context of a window of messages (oldest first); the
     system text (preamble, summaries) counts against the budget too."""
     system_tokens = estimate_tokens(system) if system else 0
-    turns = repair(merge_turns(messages))
+    turns = repair(merge_turns(from_cycle_end(list(messages))))
     turns, truncated = fit_budget(turns, budget - system_tokens)
     if truncated:
         turns = repair(turns)
@@ -236,4 +328,5 @@ def build_context(
         truncated=truncated,
         window_start=window_start,
         first_seq=turns[0].first_seq if turns else None,
+        compacted=compacted,
     )

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from schema.errors import Refused
+from contextlog.schema.errors import Refused
 
 PER_PAGE = 10
 
@@ -93,14 +93,14 @@ def _info(row: Sequence[Any]) -> SessionInfo:
 def pick(
     rows: Sequence[tuple[Any, ...]], session_id: str, agent: str | None, channel: str | None
 ) -> tuple[SessionInfo, list[int]]:
-    """The one session `session_id` names in the given conversation, or why not."""
-    if not rows:
-        raise Refused(f"there is no session {session_id!r}")
+    """The one session `session_id` names in the given conversation, or why not. An id of
+    another conversation is answered as one that does not exist: the refusal must not
+    tell a caller what other conversations hold."""
     mine = [
         r for r in rows if (agent is None or r[0] == agent) and (channel is None or r[1] == channel)
     ]
     if not mine:
-        raise Refused(f"session {session_id!r} belongs to another conversation")
+        raise Refused(f"there is no session {session_id!r}")
     if len(mine) > 1:
         where = ", ".join(f"{r[0]}/{r[1]}" for r in mine)
         raise Refused(

@@ -15,6 +15,7 @@ processes of one adapter its own stable `consumer=`.
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import AsyncGenerator, Generator, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -22,13 +23,13 @@ from typing import Any, Final
 
 import redis
 import redis.asyncio as aioredis
-import structlog
 
-from schema import keys
-from schema.errors import EventRejected, Unavailable
-from schema.notices import ENTRY_FIELD, MALFORMED, Notice, decode
+from contextlog.schema import keys
+from contextlog.schema.errors import EventRejected, Unavailable
+from contextlog.schema.notices import ENTRY_FIELD, MALFORMED, Notice, decode
 
-log = structlog.get_logger("contextlog.notifications")
+# stdlib logging: adapters need no structlog (the worker routes it through structlog).
+log = logging.getLogger("contextlog.notifications")
 
 DEFAULT_GROUP: Final = "adapter"
 DEFAULT_COUNT: Final = 100
@@ -120,13 +121,8 @@ class _Core:
                 raise EventRejected(MALFORMED, "trimmed before it was read, or no 'n' field")
             return decode(data.encode() if isinstance(data, str) else data)
         except EventRejected as e:
-            log.warning(
-                "skipping a bad notification",
-                stream=self.stream,
-                entry_id=entry_id,
-                reason=e.reason,
-                detail=e.detail,
-            )
+            fields = {"stream": self.stream, "entry_id": entry_id, "reason": e.reason}
+            log.warning("skipping a bad notification (%s): %s", e.reason, e.detail, extra=fields)
             return None
 
     def _take(self, notices: Iterable[Notice]) -> list[str]:
@@ -220,7 +216,7 @@ class Notifications(_Core):
             if not _missing_group(e):
                 raise
         # The stream or the group was deleted under us (FLUSHDB, DEL): start it again.
-        log.warning("notification group missing, recreating", stream=self.stream)
+        log.warning("notification group missing, recreating", extra={"stream": self.stream})
         self._create_group()
         return _entries(self.redis.xreadgroup(*args, count=count, block=block_ms))
 
@@ -317,7 +313,7 @@ class AsyncNotifications(_Core):
         except redis.ResponseError as e:
             if not _missing_group(e):
                 raise
-        log.warning("notification group missing, recreating", stream=self.stream)
+        log.warning("notification group missing, recreating", extra={"stream": self.stream})
         await self._create_group()
         return _entries(await self.redis.xreadgroup(*args, count=count, block=block_ms))
 

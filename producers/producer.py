@@ -11,10 +11,10 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from producers.commands import Batch, Commands, Encoder, Prepared, utcnow
-from schema import codec, keys
-from schema import events as ev
-from schema.errors import ConfigError, Unavailable
+from contextlog.producers.commands import Batch, Commands, Encoder, Prepared, utcnow
+from contextlog.schema import codec, keys
+from contextlog.schema import events as ev
+from contextlog.schema.errors import ConfigError, Unavailable
 
 
 def _check_shards(configured: bytes | str | None, shards: int) -> None:

@@ -15,8 +15,8 @@ import psycopg
 import psycopg.types.json
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from producers.context import Context, StoredMessage, build_context
-from producers.history import (
+from contextlog.producers.context import Context, StoredMessage, build_context
+from contextlog.producers.history import (
     PER_PAGE,
     SessionInfo,
     SessionMessage,
@@ -26,9 +26,9 @@ from producers.history import (
     to_messages,
     to_page,
 )
-from schema.defaults import ConversationDefaults
-from schema.errors import NotVisible, Unavailable
-from schema.queries import query
+from contextlog.schema.defaults import ConversationDefaults
+from contextlog.schema.errors import NotVisible, Unavailable
+from contextlog.schema.queries import query
 
 POLL_SECONDS = 0.005
 
@@ -109,7 +109,10 @@ def assemble(
 ) -> Context:
     """The context from the fetched rows (seq, occurred_at, tokens, role, content)."""
     system = preamble(state, threads)
-    return build_context(stored(rows), budget=q.budget, system=system, window_start=q.start)
+    compacted = state is not None and bool(state.compaction_summary)
+    return build_context(
+        stored(rows), budget=q.budget, system=system, window_start=q.start, compacted=compacted
+    )
 
 
 def _state(row: tuple[Any, ...] | None) -> ConversationState | None:
@@ -222,7 +225,8 @@ class ContextReader(_Reader):
     def session(
         self, session_id: str, *, agent: str | None = None, channel: str | None = None
     ) -> SessionInfo:
-        """One live session; `Refused` if unknown, deleted, or of another conversation."""
+        """One live session; `Refused` ("there is no session") if unknown, deleted, or of
+        another conversation than the one named."""
         return self._session(session_id, agent, channel)[0]
 
     def session_messages(
@@ -241,10 +245,6 @@ class ContextReader(_Reader):
         params = {"session_id": session_id, "agent": agent, "channel": channel}
         with self.connection() as conn:
             rows = conn.execute(query("get_session"), params).fetchall()
-            if not rows and (agent or channel):
-                rows = conn.execute(
-                    query("get_session"), {**params, "agent": None, "channel": None}
-                ).fetchmany(1)
         return pick(rows, session_id, agent, channel)
 
     def _wait(self, conn: Any, event_id: str, timeout: float) -> None:
@@ -316,15 +316,11 @@ class AsyncContextReader(_Reader):
     async def session(
         self, session_id: str, *, agent: str | None = None, channel: str | None = None
     ) -> SessionInfo:
-        """One live session; `Refused` if unknown, deleted, or of another conversation."""
+        """One live session; `Refused` ("there is no session") if unknown, deleted, or of
+        another conversation than the one named."""
         params = {"session_id": session_id, "agent": agent, "channel": channel}
         async with await self._aconn() as conn:
             rows = await (await conn.execute(query("get_session"), params)).fetchall()
-            if not rows and (agent or channel):
-                cur = await conn.execute(
-                    query("get_session"), {**params, "agent": None, "channel": None}
-                )
-                rows = await cur.fetchmany(1)
         return pick(rows, session_id, agent, channel)[0]
 
     async def _aconn(self) -> Any:

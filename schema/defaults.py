@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from schema.errors import ConfigError
+from contextlog.schema.errors import ConfigError
 
 ROLLING_WINDOW: Final = 86_400
 IDLE_TIMEOUT: Final = 1_800

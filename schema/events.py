@@ -15,6 +15,8 @@ from typing import Annotated, Literal, TypeAlias
 import msgspec
 from msgspec import Meta, Struct
 
+from contextlog.schema import blocks
+
 # Bounds. Names and ids are short; free text is capped well below the entry-size cap.
 MAX_NAME = 200
 MAX_TEXT = 200_000
@@ -52,38 +54,19 @@ Seconds = Annotated[int, Meta(ge=0, le=MAX_DURATION_S)]
 Role = Literal["user", "assistant"]
 
 
-class TextBlock(
-    Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type", tag="text"
-):
-    """A text content block."""
-
-    text: Text
-
-
-class ToolUseBlock(
-    Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type", tag="tool_use"
-):
-    """An assistant's request to call a tool."""
-
-    id: ToolId
-    name: ToolName
-    # Tool input is an arbitrary JSON object chosen by the model, so it is kept as raw
-    # JSON; `validate_event` checks that it is an object. The entry-size cap bounds it.
-    input: msgspec.Raw
-
-
-class ToolResultBlock(
-    Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type", tag="tool_result"
-):
-    """The answer to a `tool_use`, sent in the following user turn."""
-
-    tool_use_id: ToolId
-    content: Text | Annotated[list[TextBlock], Meta(max_length=MAX_BLOCKS)] = ""
-    is_error: bool = False
-
-
-ContentBlock: TypeAlias = TextBlock | ToolUseBlock | ToolResultBlock
-Content: TypeAlias = Text | Annotated[list[ContentBlock], Meta(min_length=1, max_length=MAX_BLOCKS)]
+# Content blocks: every type the Messages API takes, each kept as the raw JSON the adapter
+# posted (see `schema.blocks`; `codec.decode` checks each one by its type). `message.v1`
+# was widened in place rather than given a new tag: every entry valid before is valid
+# now and means the same (its text, tool_use and tool_result blocks are checked as
+# before), the log stores each entry's bytes as posted, and every read model selects
+# `kind = 'message.v1'`, which a new tag would have split in two.
+TextBlock = blocks.TextBlock
+ToolUseBlock = blocks.ToolUseBlock
+ToolResultBlock = blocks.ToolResultBlock
+ContentBlock: TypeAlias = blocks.Block
+Content: TypeAlias = (
+    Text | Annotated[list[msgspec.Raw], Meta(min_length=1, max_length=MAX_BLOCKS)]
+)
 
 
 class Event(Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type"):

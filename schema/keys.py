@@ -10,7 +10,7 @@ import zlib
 from collections.abc import Mapping
 from typing import Final
 
-from schema.errors import ConfigError
+from contextlog.schema.errors import ConfigError
 
 DEFAULT_SHARDS: Final = 4
 MAX_SHARDS: Final = 1024
@@ -20,6 +20,7 @@ DEAD_LETTERS: Final = "contextlog:dead"
 STATS: Final = "contextlog:stats"
 SHARDS_KEY: Final = "contextlog:shards"
 MEMBERS: Final = "contextlog:ingest:members"
+RUNS: Final = "contextlog:ingest:runs"  # start and crash notes of ingest consumers
 INGEST_GROUP: Final = "ingest"
 
 

@@ -13,7 +13,7 @@ from typing import Annotated, Final
 import msgspec
 from msgspec import Meta
 
-from schema.errors import EventRejected, EventTooLarge
+from contextlog.schema.errors import EventRejected, EventTooLarge
 
 ENTRY_FIELD: Final = "n"
 DEFAULT_MAX_NOTICE_BYTES: Final = 1024 * 1024

@@ -24,7 +24,7 @@ class Migration:
 def queries() -> dict[str, str]:
     """All named queries of the non-migration `.sql` files in `sql/`, by name."""
     found: dict[str, str] = {}
-    for entry in sorted(resources.files("schema").joinpath("sql").iterdir(), key=str):
+    for entry in sorted(resources.files("contextlog.schema").joinpath("sql").iterdir(), key=str):
         if not entry.name.endswith(".sql") or _MIGRATION.match(entry.name):
             continue
         parts = _NAME.split(entry.read_text("utf-8"))
@@ -44,7 +44,7 @@ def query(name: str) -> str:
 def migrations() -> tuple[Migration, ...]:
     """The numbered migrations in `sql/`, in order."""
     found = []
-    for entry in resources.files("schema").joinpath("sql").iterdir():
+    for entry in resources.files("contextlog.schema").joinpath("sql").iterdir():
         match = _MIGRATION.match(entry.name)
         if match:
             found.append(Migration(int(match[1]), match[2], entry.read_text("utf-8")))

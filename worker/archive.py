@@ -2,7 +2,9 @@
 
 An import pushes the session's messages as `imported_message.v1` events (in the log,
 never in a live window) and then `session_imported.v1`, which makes them a session;
-all of them go in one pipeline onto the conversation's shard stream, in order.
+all of them go in one MULTI onto the conversation's shard stream, in order. Each event
+is first checked exactly as ingest will check it (encode, then `codec.decode`), so a
+file ingest would refuse any part of sends nothing.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 from msgspec import Meta
 
-from producers.history import SessionInfo, SessionMessage
-from producers.ids import uuid7
-from producers.producer import Producer
-from schema import events as ev
-from schema.errors import EventRejected, Refused
+from contextlog.producers.history import SessionInfo, SessionMessage, pick, to_messages
+from contextlog.producers.ids import uuid7
+from contextlog.producers.producer import Producer
+from contextlog.producers.reader import ContextReader
+from contextlog.schema import events as ev
+from contextlog.schema.errors import EventRejected, Refused
+from contextlog.schema.queries import query
 
 FORMAT: Final = "contextlog.session.v1"
 MAX_FILE_BYTES: Final = 64 << 20
@@ -54,6 +58,31 @@ class ExportedSession(msgspec.Struct, frozen=True, kw_only=True):
     messages: Annotated[list[ExportedMessage], Meta(min_length=1, max_length=MAX_MESSAGES)]
 
 
+def load(
+    reader: ContextReader, session_id: str, agent: str, channel: str
+) -> tuple[SessionInfo, list[SessionMessage]]:
+    """A live session of one conversation and its messages, oldest first. A session of
+    another conversation is refused exactly as one that does not exist: a caller must
+    not learn which ids other conversations use."""
+    params = {"session_id": session_id, "agent": agent, "channel": channel}
+    with reader.connection() as conn:
+        rows = conn.execute(query("get_session"), params).fetchall()
+        info, seqs = pick(rows, session_id, agent, channel)
+        found = conn.execute(
+            query("session_messages"), {"agent": agent, "channel": channel, "seqs": seqs}
+        ).fetchall()
+    return info, to_messages(found)
+
+
+def _exported(m: SessionMessage) -> ExportedMessage:
+    # Through JSON, not `msgspec.convert`: a tool's input is `Raw` JSON in the contract,
+    # and convert cannot make Raw from the dict Postgres returns.
+    fields = {"role": m.role, "content": m.content, "occurred_at": m.occurred_at}
+    if m.thread:
+        fields["thread"] = m.thread
+    return _message_decoder.decode(msgspec.json.encode(fields))
+
+
 def document(info: SessionInfo, messages: list[SessionMessage]) -> ExportedSession:
     """The export of a session and its messages."""
     return ExportedSession(
@@ -67,19 +96,7 @@ def document(info: SessionInfo, messages: list[SessionMessage]) -> ExportedSessi
         window_end=info.window_end,
         agent=info.agent,
         channel=info.channel,
-        messages=[
-            msgspec.convert(
-                {
-                    "role": m.role,
-                    "content": m.content,
-                    "occurred_at": m.occurred_at,
-                    "thread": m.thread or None,
-                },
-                ExportedMessage,
-                from_attributes=False,
-            )
-            for m in messages
-        ],
+        messages=[_exported(m) for m in messages],
     )
 
 
@@ -102,25 +119,39 @@ def target(folder: Path, session_id: str, output: Path | None = None) -> Path:
 
 def write(doc: ExportedSession, path: Path) -> Path:
     """Write the export as indented JSON."""
-    path.write_bytes(msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n")
+    try:
+        path.write_bytes(msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n")
+    except OSError as e:
+        raise Refused(f"cannot write {path}: {e.strerror or e}") from None
     return path
+
+
+def _read_capped(path: Path) -> bytes:
+    """At most MAX_FILE_BYTES + 1 bytes of `path`, whatever it is: `stat` says nothing
+    of a pipe or a device, so the read itself is bounded."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise Refused(f"cannot read {path}: {e.strerror or e}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise Refused(f"{path} is larger than the limit of {MAX_FILE_BYTES} bytes")
+    return data
 
 
 def read(path: Path) -> ExportedSession:
     """Read and validate an export file; anything wrong is `Refused` with the reason."""
+    data = _read_capped(path)
     try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise Refused(f"{path} is {size} bytes, the limit is {MAX_FILE_BYTES}")
-        data = path.read_bytes()
-    except OSError as e:
-        raise Refused(f"cannot read {path}: {e.strerror or e}") from None
-    try:
-        doc = msgspec.json.decode(data, type=ExportedSession)
+        doc = _session_decoder.decode(data)
     except msgspec.ValidationError as e:
         raise Refused(f"{path} is not a contextlog session export: {e}") from None
     except msgspec.DecodeError as e:
         raise Refused(f"{path} is not valid JSON: {e}") from None
+    except UnicodeDecodeError as e:  # msgspec's error for invalid UTF-8 inside a string
+        raise Refused(f"{path} is not valid UTF-8 JSON: {e}") from None
+    except RecursionError:
+        raise Refused(f"{path} nests JSON too deeply to be a session export") from None
     if doc.message_count != len(doc.messages):
         raise Refused(
             f"{path}: message_count is {doc.message_count} but it holds "
@@ -170,10 +201,18 @@ def events(
 
 
 def push(producer: Producer, evts: list[ev.Event]) -> str:
-    """Send an import's events in one pipeline; returns the last event's id. Every
-    event is checked before anything is sent, so a bad file sends nothing."""
-    try:
-        ids = producer.push_many(evts)
-    except EventRejected as e:
-        raise Refused(f"the import was not sent: {e}") from None
-    return ids[-1]
+    """Send an import's events in one MULTI; returns the last event's id. Every event is
+    checked as ingest checks it (`Encoder.prepare`: encode, size cap, `codec.decode`)
+    before anything is sent, so a bad file sends nothing."""
+    prepared = []
+    for i, e in enumerate(evts, 1):
+        what = f"message {i} of {len(evts) - 1}" if i < len(evts) else "the session"
+        try:
+            prepared.append(producer.encoder.prepare(e))
+        except EventRejected as err:
+            raise Refused(f"the import was not sent: {what}: {err}") from None
+    return producer.send_prepared(prepared, atomic=True)[-1]
+
+
+_message_decoder: Final = msgspec.json.Decoder(ExportedMessage)
+_session_decoder: Final = msgspec.json.Decoder(ExportedSession)

@@ -15,28 +15,30 @@ import psycopg
 import redis
 import structlog
 from psycopg.rows import TupleRow
-from rq import Queue, SimpleWorker
+from rq import Queue
 
-from producers.producer import Producer
-from producers.reader import ContextReader
-from schema import keys
-from schema.errors import ConfigError, ContextlogError, Unavailable
-from worker import idle
-from worker.clock import Clock, SystemClock
-from worker.config import Settings
-from worker.eventlog import EventLog, PostgresEventLog, migrate
-from worker.idle import Timers
-from worker.ingest import Ingest
-from worker.jobs import IDLE, SUMMARIES, Jobs
-from worker.notify import RedisNotifier
-from worker.relay import Relay
-from worker.streams import Streams
+from contextlog.producers.producer import Producer
+from contextlog.producers.reader import ContextReader
+from contextlog.schema import keys
+from contextlog.schema.errors import ConfigError, Unavailable
+from contextlog.worker import idle
+from contextlog.worker.clock import Clock, SystemClock
+from contextlog.worker.config import Settings
+from contextlog.worker.eventlog import EventLog, PostgresEventLog, migrate
+from contextlog.worker.idle import Timers
+from contextlog.worker.ingest import Ingest
+from contextlog.worker.jobs import IDLE, SUMMARIES, Jobs
+from contextlog.worker.notify import RedisNotifier
+from contextlog.worker.relay import Relay
+from contextlog.worker.rqworker import ContextlogWorker
+from contextlog.worker.streams import Streams
+from contextlog.worker.sweeper import Heartbeat, Loop
 
 PgConn = psycopg.Connection[TupleRow]
 log = structlog.get_logger("contextlog.bootstrap")
 
 if TYPE_CHECKING:
-    from worker.summarize import Summarizer
+    from contextlog.worker.summarize import Summarizer
 
 
 def redis_client(settings: Settings) -> redis.Redis:
@@ -91,16 +93,25 @@ class Resources:
 def summarizer(settings: Settings) -> Summarizer:
     """The Anthropic summarizer when ANTHROPIC_API_KEY is set, the local one otherwise."""
     # Imported here: `anthropic` takes ~0.8 s to import, and ingest never needs it.
-    from worker.summarize import AnthropicSummarizer, LocalSummarizer, make_client
+    from contextlog.worker.deadline import Deadlines
+    from contextlog.worker.summarize import AnthropicSummarizer, LocalSummarizer, make_client
 
     if not settings.anthropic_api_key:
         return LocalSummarizer()
+    deadlines = Deadlines()  # CONTEXTLOG_SUMMARY_TIMEOUT is each request's whole budget
     client = make_client(
         settings.anthropic_api_key,
         base_url=settings.anthropic_base_url,
         timeout=settings.summary_timeout,
+        deadlines=deadlines,
     )
-    return AnthropicSummarizer(client, settings.summary_model, attempts=settings.summary_attempts)
+    return AnthropicSummarizer(
+        client,
+        settings.summary_model,
+        attempts=settings.summary_attempts,
+        deadlines=deadlines,
+        budget=settings.summary_timeout,
+    )
 
 
 def build_resources(settings: Settings, clock: Clock | None = None) -> Resources:
@@ -161,21 +172,22 @@ def build_ingest(
     return Ingest(settings, streams, open_event_log(settings, client), clock or SystemClock(), stop)
 
 
-def build_worker(settings: Settings) -> SimpleWorker:
+def build_worker(settings: Settings) -> ContextlogWorker:
     """An RQ worker on the `summaries` and `idle` queues, its job resources installed.
 
     SimpleWorker runs jobs in this process: jobs wait on the network, not the CPU, and
     the Postgres pool, Redis client and Anthropic client are kept across jobs instead
     of being rebuilt by a forked child for each one (~450 against ~100 jobs/s here).
-    Scale out with more worker processes.
+    Scale out with more worker processes. A dead worker of the same name is taken
+    over, and the scheduler child exits with its worker (see worker.rqworker).
     """
     install(build_resources(settings))
     client = redis_client(settings)
     queues = [Queue(name, connection=client) for name in (IDLE, SUMMARIES)]
-    return SimpleWorker(
+    return ContextlogWorker(
         queues,
         connection=client,
-        name=f"contextlog-{settings.consumer}",
+        name=worker_name(settings),
         # RQ's scheduler runs in one worker, under a lock that expires 61 s after its
         # holder dies; the others try to take it at each maintenance pass. RQ's default
         # pass is every 10 min; every 15 s (and a 15 s dequeue wait, from worker_ttl)
@@ -190,19 +202,26 @@ MAINTENANCE_S = 15
 WORKER_TTL_S = 30
 
 
-def sweep_forever(settings: Settings, stop: threading.Event) -> None:
+def worker_name(settings: Settings) -> str:
+    """The RQ worker's name: stable across restarts when CONTEXTLOG_CONSUMER is."""
+    return f"contextlog-{settings.consumer}"
+
+
+def sweep_forever(
+    settings: Settings, stop: threading.Event, client: redis.Redis | None = None
+) -> None:
     """The worker's reconciliation: at start, then every CONTEXTLOG_SWEEP_SECONDS, queue
     again the summaries whose jobs were lost and re-arm the idle timers Redis lost
-    (Redis data loss, a worker that died in a job)."""
+    (Redis data loss, a worker that died in a job). No error ends it (see `Loop`)."""
     res = resources()
-    jobs = relay(settings).jobs
-    while True:
-        try:
-            if n := jobs.requeue_pending(res.reader, res.clock.now(), SUMMARY_GRACE_S):
-                log.info("lost summary jobs queued again", count=n)
-            if n := idle.sweep(res.reader, res.timers, res.clock.now()):
-                log.info("idle timers re-armed", count=n)
-        except (ContextlogError, redis.RedisError, psycopg.Error) as e:
-            log.warning("sweep failed, retrying later", error=str(e))
-        if stop.wait(settings.sweep_seconds):
-            return
+    client = client or redis_client(settings)
+    jobs = relay(settings, client).jobs
+
+    def cycle() -> None:
+        if n := jobs.requeue_pending(res.reader, res.clock.now(), SUMMARY_GRACE_S):
+            log.info("lost summary jobs queued again", count=n)
+        if n := idle.sweep(res.reader, res.timers, res.clock.now()):
+            log.info("idle timers re-armed", count=n)
+
+    beat = Heartbeat(client, worker_name(settings), settings.sweep_seconds)
+    Loop("sweeper", cycle, settings.sweep_seconds, beat, res.clock, stop).run()

@@ -13,13 +13,14 @@ import threading
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from producers import ContextReader, Producer
-from producers.commands import parse_duration
-from producers.context import Context
-from producers.notifications import Notifications
-from schema.errors import ContextlogError
-from schema.notices import Notice
-from worker.config import Settings
+from contextlog.producers import ContextReader, Producer
+from contextlog.producers.commands import parse_duration
+from contextlog.producers.context import Context
+from contextlog.producers.notifications import Notifications
+from contextlog.schema.errors import ContextlogError
+from contextlog.schema.notices import Notice
+from contextlog.worker import cli_common
+from contextlog.worker.config import Settings
 
 SOURCE = "chat"
 HELP = """commands:
@@ -35,8 +36,15 @@ Reply = Callable[[Context, str], str]
 
 
 def echo_model(ctx: Context, text: str) -> str:
-    """The offline model: says what it got and how much context it saw."""
-    return f"(echo) {text}  [context: {len(ctx.messages)} turns, ~{ctx.token_estimate} tokens]"
+    """The offline model: says back what it got."""
+    return f"(echo) {text}"
+
+
+def context_tag(ctx: Context) -> str:
+    """How much context the reply saw: shown after it, never stored with it (it would
+    end up in the conversation, its summaries and the next contexts)."""
+    summarised = ", older part summarised" if ctx.compacted else ""
+    return f"[context: {len(ctx.messages)} turns, ~{ctx.token_estimate} tokens{summarised}]"
 
 
 def claude_model(settings: Settings) -> Reply:
@@ -132,7 +140,7 @@ class Chat:
         ctx = self.reader.context(*key, wait_for=eid, timeout=5)
         answer = self.reply(ctx, text) or "(no answer)"
         self.producer.post_message(*key, "assistant", answer, source=SOURCE)
-        self.say(f"{self.agent}> {answer}")
+        self.say(f"{self.agent}> {answer}  {context_tag(ctx)}")
 
     def command(self, text: str) -> None:
         """`/context <verb> ...`."""
@@ -182,9 +190,13 @@ class Chat:
 
 def run(settings: Settings, agent: str, channel: str, stdin: TextIO = sys.stdin) -> int:
     """The interactive loop; returns at end of input or /quit."""
-    producer = Producer.from_url(settings.redis_url, shards=settings.shards)
-    reader = ContextReader.from_url(settings.database_url, defaults=settings.conversation)
-    notes = Notifications.from_url(settings.redis_url, SOURCE, group=f"chat-{agent}-{channel}")
+    # Both servers are checked first: a chat that cannot reach them exits (code 3) at
+    # once instead of failing line by line.
+    reader = cli_common.reader(settings)  # its pool opens on first use: nothing to close
+    producer = cli_common.producer(settings)
+    notes = Notifications(
+        cli_common.redis_client(settings), SOURCE, group=f"chat-{agent}-{channel}"
+    )
     reply = claude_model(settings) if settings.anthropic_api_key else echo_model
     chat = Chat(producer, reader, notes, agent, channel, reply)
     model = "Claude" if settings.anthropic_api_key else "the offline echo model"

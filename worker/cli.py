@@ -14,38 +14,46 @@ import msgspec
 import psycopg
 import redis
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
+from rich.text import Text
 
-from producers import ContextReader, Producer
-from producers.commands import parse_duration
-from schema import keys
-from schema.errors import ContextlogError
-from worker import bootstrap, cli_sessions, logs, metrics
-from worker.cli_sessions import add_metrics_options
-from worker.clock import SystemClock
-from worker.config import Settings
-from worker.rebuild import rebuild
-from worker.status import Status, gather
+from contextlog.producers.commands import parse_duration
+from contextlog.schema import codec, keys
+from contextlog.schema.errors import ContextlogError, EventRejected, Unavailable
+from contextlog.worker import bootstrap, cli_common, cli_sessions, logs, metrics
+from contextlog.worker.cli_common import (
+    EXIT_ERROR,
+    EXIT_UNAVAILABLE,
+    EXIT_UNHEALTHY,
+    Parser,
+    console,
+    non_negative,
+    one_line,
+    positive,
+)
+from contextlog.worker.cli_sessions import add_metrics_options
+from contextlog.worker.clock import SystemClock
+from contextlog.worker.config import Settings
+from contextlog.worker.eventlog import migrate
+from contextlog.worker.rebuild import rebuild
+from contextlog.worker.status import Status, gather
 
-EXIT_ERROR = 2
-EXIT_UNAVAILABLE = 3
-EXIT_UNHEALTHY = 1
-
-console = Console()
+__all__ = ["EXIT_ERROR", "EXIT_UNAVAILABLE", "EXIT_UNHEALTHY", "main", "parser"]
 
 
 def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
     """Apply pending migrations."""
-    applied = bootstrap.run_migrations(settings)
+    with cli_common.pg_connect(settings) as conn:
+        applied = migrate(conn)
     print("applied: " + ", ".join(applied) if applied else "database schema is up to date")
     return 0
 
 
 def cmd_ingest(settings: Settings, args: argparse.Namespace) -> int:
     """Run the ingest loop until SIGTERM or SIGINT."""
-    bootstrap.run_migrations(settings)
+    with cli_common.pg_connect(settings) as conn:
+        migrate(conn)
     metrics.serve(args.metrics_port, args.metrics_bind)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -55,8 +63,8 @@ def cmd_ingest(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     """Print per-shard lag, pending work, dead letters and events stored."""
-    client = bootstrap.redis_client(settings)
-    with bootstrap.pg_connector(settings)() as conn:
+    client = cli_common.redis_client(settings)
+    with cli_common.pg_connect(settings) as conn:
         status = gather(client, conn, settings.shards, SystemClock().now())
     if args.json:
         print(msgspec.json.encode(status).decode())
@@ -110,14 +118,20 @@ def _print_status(status: Status) -> None:
         + f"   effects waiting: {status.effects_waiting}"
     )
     for p in status.problems:
-        console.print(f"[red]unhealthy:[/red] {p}")
+        console.print(Text.assemble(("unhealthy:", "red"), " ", p))
 
 
 def cmd_send(settings: Settings, args: argparse.Namespace) -> int:
     """Push one message or command, as an adapter would; prints the event id."""
-    producer = Producer.from_url(
-        settings.redis_url, shards=settings.shards, max_entry_bytes=settings.max_entry_bytes
-    )
+    producer = cli_common.producer(settings)
+    try:
+        print(_send(producer, args))
+    finally:
+        producer.close()
+    return 0
+
+
+def _send(producer: Any, args: argparse.Namespace) -> str:
     common = {
         k: v
         for k, v in (("thread", args.thread), ("sender", args.sender), ("source", args.source))
@@ -125,14 +139,15 @@ def cmd_send(settings: Settings, args: argparse.Namespace) -> int:
     }
     verb = args.verb
     if verb == "message":
-        content: Any = json.loads(args.text) if args.blocks else args.text
+        content: Any = _blocks(args.text) if args.blocks else args.text
         eid = producer.post_message(
             args.agent, args.channel, args.role, content, external_id=args.external_id, **common
         )
     elif verb == "clear":
         eid = producer.clear(args.agent, args.channel, **common)
     elif verb == "save":
-        eid = producer.save(args.agent, args.channel, args.description, **common)
+        description = args.description or args.description_option
+        eid = producer.save(args.agent, args.channel, description, **common)
     elif verb == "restore":
         eid = producer.restore(args.agent, args.channel, args.session_id, **common)
     elif verb == "delete-session":
@@ -148,13 +163,24 @@ def cmd_send(settings: Settings, args: argparse.Namespace) -> int:
             token_budget=args.token_budget,
             **common,
         )
-    print(eid)
-    return 0
+    return str(eid)
+
+
+def _blocks(text: str) -> Any:
+    """`send message --blocks`: the content as JSON, decoded as ingest decodes."""
+    try:
+        return msgspec.json.decode(text.encode("utf-8", "surrogateescape"))
+    except (msgspec.DecodeError, UnicodeDecodeError) as e:
+        raise EventRejected(codec.MALFORMED, f"content is not valid JSON: {e}") from None
+    except RecursionError:
+        raise EventRejected(
+            codec.MALFORMED, "content is not valid JSON: it nests too deeply"
+        ) from None
 
 
 def cmd_dead_letters(settings: Settings, args: argparse.Namespace) -> int:
     """List dead letters, newest first, with their reasons."""
-    client: Any = bootstrap.redis_client(settings)  # replies are bytes
+    client: Any = cli_common.redis_client(settings)  # replies are bytes
     rows = client.xrevrange(keys.DEAD_LETTERS, count=args.limit)
     items = [_dead_letter(entry_id, fields) for entry_id, fields in rows]
     if args.json:
@@ -190,7 +216,7 @@ def _dead_letter(entry_id: bytes, fields: dict[bytes, bytes]) -> dict[str, Any]:
 
 def cmd_context(settings: Settings, args: argparse.Namespace) -> int:
     """Print the context an adapter would send for a conversation."""
-    reader = ContextReader.from_url(settings.database_url, defaults=settings.conversation)
+    reader = cli_common.reader(settings)
     try:
         ctx = reader.context(args.agent, args.channel, args.thread)
     finally:
@@ -214,10 +240,10 @@ def cmd_context(settings: Settings, args: argparse.Namespace) -> int:
         f"~{ctx.token_estimate} tokens" + (" (truncated to budget)" if ctx.truncated else "")
     )
     if ctx.system:
-        console.print(f"[dim]system:[/dim] {escape(ctx.system)}")
+        console.print(Text.assemble(("system:", "dim"), " ", ctx.system))
     for m in ctx.messages:
         for block in m["content"]:
-            console.print(f"[bold]{m['role']:>9}[/bold] {escape(_block_text(block))}")
+            console.print(Text.assemble((f"{m['role']:>9}", "bold"), " ", _block_text(block)))
     return 0
 
 
@@ -226,15 +252,18 @@ def _block_text(block: dict[str, Any]) -> str:
         return str(block["text"])
     if block["type"] == "tool_use":
         return f"[tool_use {block['id']} {block['name']}({json.dumps(block['input'])})]"
-    content = block.get("content", "")
-    inner = content if isinstance(content, str) else " ".join(b["text"] for b in content)
-    return f"[tool_result {block['tool_use_id']}: {inner}]"
+    if block["type"] == "tool_result":
+        content = block.get("content", "")
+        inner = content if isinstance(content, str) else " ".join(b["text"] for b in content)
+        return f"[tool_result {block['tool_use_id']}: {inner}]"
+    return json.dumps(block, ensure_ascii=False)
 
 
 def cmd_rebuild(settings: Settings, args: argparse.Namespace) -> int:
     """Truncate the projections and replay the log, with a progress bar."""
-    bootstrap.run_migrations(settings)
-    with bootstrap.pg_connector(settings)() as conn, Progress(console=console) as bar:
+    with cli_common.pg_connect(settings) as conn:
+        migrate(conn)
+    with cli_common.pg_connect(settings) as conn, Progress(console=console) as bar:
         task = bar.add_task("replaying events", total=None)
         done = rebuild(
             conn,
@@ -247,9 +276,9 @@ def cmd_rebuild(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     """Run the scripted demo."""
-    from worker.demo import run
+    from contextlog.worker.demo import run
 
-    result: int = run(settings, console)
+    result: int = run(settings, Console())  # the demo's own text uses markup
     return result
 
 
@@ -280,21 +309,23 @@ def _send_parser(sub: Any) -> None:
     m.add_argument("--external-id")
     m.add_argument("--blocks", action="store_true", help="TEXT is a JSON list of content blocks")
     verb("clear", "/context clear")
-    verb("save", "/context save").add_argument("--description")
+    described = verb("save", "/context save [description]").add_mutually_exclusive_group()
+    described.add_argument("description", nargs="?")
+    described.add_argument("--description", dest="description_option", metavar="TEXT")
     verb("restore", "/context restore", "session_id")
     verb("delete-session", "delete one saved session", "session_id")
     verb("purge-sessions", "keep only the newest N sessions").add_argument(
-        "--keep", type=int, required=True
+        "--keep", type=non_negative, required=True
     )
     c = verb("configure", "change conversation settings")
     c.add_argument("--rolling-window", type=_duration)
     c.add_argument("--idle-timeout", type=_duration)
-    c.add_argument("--token-budget", type=int)
+    c.add_argument("--token-budget", type=positive)
 
 
 def parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    p = argparse.ArgumentParser(prog="contextlog", description="conversation memory for LLM agents")
+    p = Parser(prog="contextlog", description="conversation memory for LLM agents")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("migrate", help="create or update the database schema")
     ingest = sub.add_parser("ingest", help="move events from the Redis streams into Postgres")
@@ -303,7 +334,7 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true")
     _send_parser(sub)
     dl = sub.add_parser("dead-letters", help="list rejected entries with their reasons")
-    dl.add_argument("--limit", type=int, default=20)
+    dl.add_argument("--limit", type=positive, default=20)
     dl.add_argument("--json", action="store_true")
     ctx = sub.add_parser("context", help="show the context of a conversation")
     ctx.add_argument("agent")
@@ -330,24 +361,41 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `contextlog` console script."""
-    args = parser().parse_args(argv)
+    """Entry point of the `contextlog` console script: 0 done, 1 unhealthy (status),
+    2 bad input or configuration, 3 Postgres or Redis unreachable. No traceback."""
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as e:  # --help, or a usage error already printed on one line
+        return e.code if isinstance(e.code, int) else EXIT_ERROR
     try:
         settings = Settings.from_env()
         logs.configure(settings.log_level, settings.log_format)
         return COMMANDS[args.command](settings, args)
+    except KeyboardInterrupt:
+        return 130
+    except Unavailable as e:
+        return _fail(EXIT_UNAVAILABLE, str(e))
     except ContextlogError as e:
-        print(f"contextlog: {e}", file=sys.stderr)
-        return EXIT_ERROR
-    except json.JSONDecodeError as e:
-        print(f"contextlog: content is not valid JSON: {e}", file=sys.stderr)
-        return EXIT_ERROR
+        return _fail(EXIT_ERROR, str(e))
     except psycopg.OperationalError as e:
-        print(f"contextlog: cannot reach Postgres (DATABASE_URL): {e}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
-    except redis.ConnectionError as e:
-        print(f"contextlog: cannot reach Redis (REDIS_URL): {e}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
+        return _fail(EXIT_UNAVAILABLE, f"cannot reach Postgres (DATABASE_URL): {e}")
+    except psycopg.errors.UndefinedTable as e:
+        return _fail(
+            EXIT_ERROR,
+            f"the database at DATABASE_URL has no contextlog schema ({e}): "
+            "run `contextlog migrate`",
+        )
+    except psycopg.Error as e:
+        return _fail(EXIT_ERROR, f"Postgres refused the request (DATABASE_URL): {e}")
+    except (redis.ConnectionError, redis.TimeoutError) as e:
+        return _fail(EXIT_UNAVAILABLE, f"cannot reach Redis (REDIS_URL): {e}")
+    except redis.RedisError as e:
+        return _fail(EXIT_ERROR, f"Redis refused the request (REDIS_URL): {e}")
+
+
+def _fail(code: int, message: str) -> int:
+    print(f"contextlog: {one_line(message)}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -9,28 +9,20 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
-from producers import ContextReader, Producer
-from producers.notifications import Notifications
-from schema.errors import ConfigError
-from schema.notices import Notice
-from worker import archive, bootstrap, metrics
-from worker.clock import SystemClock
-from worker.config import Settings
-
-console = Console()
-
-
-def _reader(settings: Settings) -> ContextReader:
-    return ContextReader.from_url(settings.database_url, defaults=settings.conversation)
+from contextlog.producers.notifications import Notifications
+from contextlog.schema.errors import ConfigError
+from contextlog.schema.notices import Notice
+from contextlog.worker import archive, bootstrap, cli_common, metrics
+from contextlog.worker.cli_common import console, positive
+from contextlog.worker.clock import SystemClock
+from contextlog.worker.config import Settings
 
 
 def cmd_sessions(settings: Settings, args: argparse.Namespace) -> int:
     """List saved sessions, newest first, ten a page."""
-    reader = _reader(settings)
+    reader = cli_common.reader(settings)
     try:
         page = reader.sessions(args.agent, args.channel, page=args.page)
     finally:
@@ -39,30 +31,35 @@ def cmd_sessions(settings: Settings, args: argparse.Namespace) -> int:
         print(msgspec.json.encode(page.sessions).decode())
         return 0
     where = f"{args.agent}/{args.channel}" if args.channel else args.agent
-    table = Table(title=f"sessions of {escape(where)}, page {page.page} of {page.pages}")
-    for col in ("id", "saved", "messages", "auto", "description", "summary"):
+    table = Table(title=f"sessions of {where}, page {page.page} of {page.pages}")
+    # Without --channel the list spans channels: show each one, as export needs it.
+    columns = ["id", "saved", "messages", "auto", "description", "summary"]
+    if not args.channel:
+        columns.insert(1, "channel")
+    for col in columns:
         table.add_column(col, overflow="fold")
     for s in page:
-        summary = "(pending)" if s.summary is None else s.summary
-        table.add_row(
-            escape(s.session_id),
+        cells = [
+            s.session_id,
             f"{s.created_at:%Y-%m-%d %H:%M}",
             str(s.message_count),
             "auto" if s.auto else "",
-            escape(s.description or s.preview),
-            escape(summary),
-        )
+            s.description or s.preview,
+            "(pending)" if s.summary is None else s.summary,
+        ]
+        if not args.channel:
+            cells.insert(1, s.channel)
+        table.add_row(*cells)
     console.print(table)
     return 0
 
 
 def cmd_export(settings: Settings, args: argparse.Namespace) -> int:
-    """Write a session as JSON; the default file name comes from the sanitised id."""
-    reader = _reader(settings)
+    """Write a session of one conversation as JSON; the default file name comes from
+    the sanitised id."""
+    reader = cli_common.reader(settings)
     try:
-        info, messages = reader.session_messages(
-            args.session_id, agent=args.agent, channel=args.channel
-        )
+        info, messages = archive.load(reader, args.session_id, args.agent, args.channel)
     finally:
         reader.close()
     output = Path(args.output) if args.output else None
@@ -76,9 +73,7 @@ def cmd_export(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_import(settings: Settings, args: argparse.Namespace) -> int:
     """Validate an export file and create a session from it in a conversation."""
     doc = archive.read(Path(args.file))
-    producer = Producer.from_url(
-        settings.redis_url, shards=settings.shards, max_entry_bytes=settings.max_entry_bytes
-    )
+    producer = cli_common.producer(settings)
     try:
         evts = archive.events(doc, args.agent, args.channel, SystemClock().now(), args.source)
         print(archive.push(producer, evts))
@@ -96,7 +91,9 @@ def _notice_line(n: Notice) -> str:
 
 def cmd_notifications(settings: Settings, args: argparse.Namespace) -> int:
     """Print an adapter's notifications (acknowledging them), or follow them."""
-    reader = Notifications(bootstrap.redis_client(settings), args.source, group=args.group)
+    client = cli_common.redis_client(settings)
+    cli_common.check_redis(client)
+    reader = Notifications(client, args.source, group=args.group)
     try:
         while True:
             batch = reader.read(count=100, block_ms=1000 if args.follow else None)
@@ -128,6 +125,7 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
         w.work(burst=args.burst, with_scheduler=True, logging_level=settings.log_level.upper())
     finally:
         stop.set()
+        sweeper.join(timeout=5)  # it clears its heartbeat on a clean stop
     return 0
 
 
@@ -170,7 +168,7 @@ def cmd_dashboard(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_chat(settings: Settings, args: argparse.Namespace) -> int:
     """A terminal chat client on `producers`: messages, /context commands, notifications."""
-    from worker import chat
+    from contextlog.worker import chat
 
     return chat.run(settings, args.agent, args.channel)
 
@@ -186,12 +184,17 @@ def add_parsers(sub: Any) -> None:
     s = sub.add_parser("sessions", help="list saved sessions, newest first")
     s.add_argument("agent")
     s.add_argument("--channel")
-    s.add_argument("--page", type=int, default=1)
+    s.add_argument("--page", type=positive, default=1)
     s.add_argument("--json", action="store_true")
-    e = sub.add_parser("export", help="write a saved session as a JSON file")
+    e = sub.add_parser(
+        "export",
+        help="write a saved session as a JSON file",
+        description="A session id is unique only within its conversation (agent and "
+        "channel): name both; `contextlog sessions AGENT` lists them.",
+    )
     e.add_argument("session_id")
-    e.add_argument("--agent", help="the session's agent (refused if it is another's)")
-    e.add_argument("--channel")
+    e.add_argument("--agent", required=True, help="the conversation's agent")
+    e.add_argument("--channel", required=True, help="the conversation's channel")
     e.add_argument("-o", "--output", help="file to write (default: <id>.json here)")
     i = sub.add_parser("import", help="create a session from an exported JSON file")
     i.add_argument("file")

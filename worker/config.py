@@ -7,11 +7,11 @@ import os
 import socket
 from collections.abc import Callable, Mapping
 from typing import Final, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
-from schema import codec, keys
-from schema.defaults import ConversationDefaults
-from schema.errors import ConfigError
+from contextlog.schema import codec, keys
+from contextlog.schema.defaults import ConversationDefaults
+from contextlog.schema.errors import ConfigError
 
 DEFAULT_REDIS_URL: Final = "redis://127.0.0.1:6379/0"
 DEFAULT_DATABASE_URL: Final = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -134,8 +134,24 @@ class _Reader:
 
 
 def _redis_url(name: str, raw: str) -> str:
-    if urlsplit(raw).scheme not in ("redis", "rediss", "unix"):
+    """A URL redis-py reads as written: it quietly takes database 0 for a database it
+    cannot parse (`/99x`), and every process must honour the number given."""
+    parts = urlsplit(raw)
+    if parts.scheme not in ("redis", "rediss", "unix"):
         raise ConfigError(f"{name} is not a redis:// or unix:// URL: {raw!r}")
+    try:
+        parts.port  # noqa: B018 - parsing it is the check
+    except ValueError:
+        raise ConfigError(f"{name} has a port that is not a number: {raw!r}") from None
+    dbs = parse_qs(parts.query).get("db", [])
+    if parts.scheme != "unix" and parts.path.strip("/"):
+        dbs.append(parts.path.strip("/"))
+    for db in dbs:
+        if not (db.isdigit() and db.isascii()):
+            raise ConfigError(
+                f"{name} names database {db!r}, which is not a number "
+                f"(use e.g. redis://host:6379/13): {raw!r}"
+            )
     return raw
 
 

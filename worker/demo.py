@@ -15,11 +15,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from producers import ContextReader, Producer
-from schema import codec, keys
-from worker import bootstrap
-from worker.clock import SystemClock
-from worker.config import Settings
+from contextlog.producers import ContextReader, Producer
+from contextlog.schema import codec, keys
+from contextlog.worker import bootstrap
+from contextlog.worker.clock import SystemClock
+from contextlog.worker.config import Settings
 
 AGENT = "demo-agent"
 WAIT_SECONDS = 30.0
@@ -103,7 +103,7 @@ def run(settings: Settings, console: Console) -> int:
     bootstrap.run_migrations(settings)
     console.print("[bold]2.[/bold] start [cyan]contextlog ingest[/cyan] in its own process")
     env = {**os.environ, "CONTEXTLOG_LOG_LEVEL": "warning"}
-    ingest = subprocess.Popen([sys.executable, "-m", "worker.cli", "ingest"], env=env)
+    ingest = subprocess.Popen([sys.executable, "-m", "contextlog.worker.cli", "ingest"], env=env)
     try:
         return _show(settings, console, ingest)
     finally:

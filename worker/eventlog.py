@@ -15,14 +15,15 @@ import redis
 import structlog
 from psycopg.rows import TupleRow
 
-from producers.context import estimate_tokens
-from schema import events as ev
-from schema.defaults import ConversationDefaults
-from schema.errors import Conflict, Fenced, MigrationError, StorageRefused, Unavailable
-from schema.queries import migrations, query
-from worker import projection
-from worker.handlers import ARM, COMMANDS, COMPACT, Effect, handle
-from worker.relay import Relay
+from contextlog.producers.context import estimate_tokens
+from contextlog.schema import blocks, codec
+from contextlog.schema import events as ev
+from contextlog.schema.defaults import ConversationDefaults
+from contextlog.schema.errors import Conflict, Fenced, MigrationError, StorageRefused, Unavailable
+from contextlog.schema.queries import migrations, query
+from contextlog.worker import projection
+from contextlog.worker.handlers import ARM, COMMANDS, COMPACT, Effect, handle
+from contextlog.worker.relay import Relay
 
 log = structlog.get_logger("contextlog.eventlog")
 
@@ -228,7 +229,9 @@ class PostgresEventLog:
             for key, timeout, activity in applied.active:
                 timeout = self.defaults.idle_timeout if timeout is None else timeout
                 if timeout > 0:
-                    deadlines[key] = activity + dt.timedelta(seconds=timeout)
+                    # Clamped: a log written before times were bounded may hold a
+                    # last activity near year 9999, and the sum must not overflow.
+                    deadlines[key] = min(activity, codec.LATEST) + dt.timedelta(seconds=timeout)
             next_seq = {k: base + 1 for k, base in applied.bases.items()}
             lines, commands = [], []
             for a, row in zip(segment, rows, strict=True):
@@ -310,22 +313,13 @@ def row_of(event: ev.AnyEvent) -> projection.Row:
 
 
 def tokens_of(event: ev.AnyEvent) -> int:
-    """The token estimate stored with a message (0 for commands)."""
+    """The token estimate stored with a message (0 for commands): the same count as the
+    context's (`estimate_tokens`), on the blocks as posted."""
     if not isinstance(event, ev.MessagePosted | ev.MessageImported):
         return 0
     if isinstance(event.content, str):
         return estimate_tokens(event.content)
-    chars = 0
-    for block in event.content:
-        if isinstance(block, ev.TextBlock):
-            chars += len(block.text)
-        elif isinstance(block, ev.ToolUseBlock):
-            chars += len(block.name) + len(bytes(block.input))
-        elif isinstance(block.content, str):
-            chars += len(block.content)
-        else:
-            chars += sum(len(b.text) for b in block.content)
-    return max(1, chars // 4)
+    return estimate_tokens(blocks.decode_raw(event.content))
 
 
 class MemoryEventLog:

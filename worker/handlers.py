@@ -16,11 +16,11 @@ from typing import Any
 import psycopg
 from psycopg.rows import TupleRow
 
-from schema import events as ev
-from schema import notices as nt
-from schema.defaults import ConversationDefaults
-from schema.queries import query
-from worker import sessions
+from contextlog.schema import events as ev
+from contextlog.schema import notices as nt
+from contextlog.schema.defaults import ConversationDefaults
+from contextlog.schema.queries import query
+from contextlog.worker import sessions
 
 Cursor = psycopg.Cursor[TupleRow]
 NOTICE = "notice"
@@ -155,10 +155,10 @@ def _find(cur: Cursor, e: ev.Event, ref: str) -> tuple[Any, ...] | str:
         row = cur.execute(query("last_session"), _key(e)).fetchone()
         return row if row is not None else "there is no saved session to restore"
     row = cur.execute(query("find_session"), {**_key(e), "session_id": ref}).fetchone()
-    if row is None:
+    # Another conversation's session reads as unknown: a refusal must not tell a
+    # user which ids other conversations use.
+    if row is None or (row[0], row[1]) != (e.agent, e.channel):
         return f"there is no session {ref!r}"
-    if (row[0], row[1]) != (e.agent, e.channel):
-        return f"session {ref!r} belongs to another conversation"
     if row[4] is not None:
         return f"session {ref!r} was deleted"
     return row
@@ -245,7 +245,8 @@ def on_compaction(
     if done is None or e.through_seq == 0:
         return []
     text = f"compacted the conversation up to message {e.through_seq}"
-    return notice(e, nt.CONTEXT_COMPACTED, text, local=e.local)
+    # A job wrote the event, so it names no adapter: tell the conversation's.
+    return notice(e, nt.CONTEXT_COMPACTED, text, source=done[1], local=e.local)
 
 
 def on_import(

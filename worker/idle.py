@@ -26,14 +26,14 @@ from rq import Queue
 from rq.exceptions import DuplicateJobError
 from rq.job import Job, JobStatus
 
-from producers.ids import derived_id
-from schema import events as ev
-from schema.queries import query
-from worker import metrics
+from contextlog.producers.ids import derived_id
+from contextlog.schema import events as ev
+from contextlog.schema.queries import query
+from contextlog.worker import metrics
 
 if TYPE_CHECKING:
-    from producers.reader import ContextReader
-    from worker.bootstrap import Resources
+    from contextlog.producers.reader import ContextReader
+    from contextlog.worker.bootstrap import Resources
 
 log = structlog.get_logger("contextlog.idle")
 
@@ -177,7 +177,7 @@ class Timers:
         try:
             self.queue.enqueue_at(
                 due,
-                "worker.jobs.idle_check",
+                "contextlog.worker.jobs.idle_check",
                 agent,
                 channel,
                 job_id=job_id,
@@ -225,16 +225,23 @@ class Timers:
     def live(self, job_ids: Sequence[str], now: dt.datetime) -> list[bool]:
         """Whether each job is still scheduled, queued or running. A check runs for
         milliseconds: one started STUCK_S ago died with its worker (a second check is
-        harmless, its events have the same ids)."""
+        harmless, its events have the same ids). A job said to be queued must be in the
+        queue: a worker killed between popping it and marking it started loses it, with
+        its status left at `queued` for good."""
         jobs = Job.fetch_many(list(job_ids), connection=self.redis)
-        return [j is not None and _alive(j, now) for j in jobs]
+        queued: set[str] = set()
+        if any(j is not None and j.get_status(refresh=False) == JobStatus.QUEUED for j in jobs):
+            queued = set(self.queue.get_job_ids())  # one read for the whole sweep
+        return [j is not None and _alive(j, now, queued) for j in jobs]
 
 
-def _alive(job: Job, now: dt.datetime) -> bool:
+def _alive(job: Job, now: dt.datetime, queued: set[str]) -> bool:
     status = job.get_status(refresh=False)
     if status == JobStatus.STARTED and job.started_at is not None:
         started = job.started_at.replace(tzinfo=job.started_at.tzinfo or dt.UTC)
         return (now - started).total_seconds() < STUCK_S
+    if status == JobStatus.QUEUED:
+        return job.id in queued
     return status in _LIVE
 
 

@@ -8,23 +8,24 @@ goes away nothing is acknowledged, and the loop backs off and carries on when it
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import redis
 import structlog
 
-from schema import codec
-from schema.errors import Conflict, EventRejected, Fenced, StorageRefused, Unavailable
-from worker import metrics
-from worker.clock import Clock
-from worker.config import Settings
-from worker.eventlog import Accepted, EventLog
-from worker.streams import Entry, Rejected, Streams, id_key
+from contextlog.schema import codec
+from contextlog.schema.errors import Conflict, EventRejected, Fenced, StorageRefused, Unavailable
+from contextlog.worker import metrics
+from contextlog.worker.clock import Clock
+from contextlog.worker.config import Settings
+from contextlog.worker.eventlog import Accepted, EventLog
+from contextlog.worker.streams import Entry, Rejected, Streams, id_key
 
 log = structlog.get_logger("contextlog.ingest")
 
@@ -82,17 +83,23 @@ class Ingest:
         self._lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
         self._next_lease_check = 0.0
+        self._next_renew = 0.0
         self._next_sweep = 0.0
         self._next_trim = 0.0
         self._next_effects = 0.0
         self._backoff = 0.0
         self.stored = 0
         self.retries = 0  # passes that failed on an outage, for tests and metrics
+        self.crashes = 0  # passes that failed on anything else, survived in-process
 
     # -- lifecycle ----------------------------------------------------------------------
     def run(self) -> int:
         """Loop until `stop` is set; finish the batch in hand, release leases, return 0."""
         log.info("ingest started", consumer=self.streams.consumer, shards=self.settings.shards)
+        try:
+            self.streams.record_start(self._now_ms())
+        except redis.RedisError as e:  # only a status note; the loop rides out the outage
+            log.warning("could not record the start", error=str(e))
         while not self.stop.is_set():
             self.step()
         self.shutdown()
@@ -108,6 +115,12 @@ class Ingest:
         except Unavailable as e:
             self._close_db()
             self._outage("postgres", e)
+        except Exception as e:
+            # Deliberately broad: anything else is a bug or an entry our code cannot take.
+            # Dying would only restart us on the same entries (and, under honcho, stop the
+            # whole stack), so survive it the way a restart would: the entries in hand
+            # are re-read as a new delivery, and the poison rule isolates a culprit.
+            self._crashed(e)
         else:
             self._backoff = 0.0
             self.health.ok()
@@ -118,6 +131,7 @@ class Ingest:
             for shard in list(self.owned):
                 self.streams.release(shard)
             self.streams.leave()
+            self.streams.record_stop()
         except redis.RedisError as e:
             log.warning("could not release leases", error=str(e))
         self.owned.clear()
@@ -134,6 +148,23 @@ class Ingest:
             self.recovering.setdefault(shard, False)
         self._backoff = min(self.settings.backoff_max, max(0.05, self._backoff * 2))
         self.pause(self._backoff)
+
+    def _crashed(self, error: Exception) -> None:
+        log.error("ingest pass crashed, retrying the entries in hand", exc_info=error)
+        self.crashes += 1
+        self._close_db()
+        # The note is for `status`; the retry below does not need it.
+        with contextlib.suppress(redis.RedisError):
+            self.streams.record_crash(self._now_ms(), f"{type(error).__name__}: {error}")
+        for shard in self.owned:
+            # As after a restart: re-reading counts a delivery, the in-flight marker
+            # names the suspects.
+            self.recovering[shard] = True
+        self._backoff = min(self.settings.backoff_max, max(0.05, self._backoff * 2))
+        self.pause(self._backoff)
+
+    def _now_ms(self) -> int:
+        return int(self.clock.now().timestamp() * 1000)
 
     # -- one pass -------------------------------------------------------------------------
     def tick(self) -> None:
@@ -156,6 +187,8 @@ class Ingest:
             return
         shards = sorted(self.owned)
         work = [(s, e) for s, e in self._read(shards).items() if s in self.owned and e]
+        if work:
+            work = self._older_first(work)
         if len(work) > 1 and self.settings.ingest_threads > 1:
             # Shards are independent: while one thread waits on Postgres (psycopg
             # releases the GIL), another decodes and formats the next shard's batch.
@@ -176,6 +209,15 @@ class Ingest:
                 log.info("effects relayed by the sweep", count=sent)
             self._next_effects = now + EFFECTS_SWEEP_S
 
+    def _older_first(self, work: list[tuple[int, list[Entry]]]) -> list[tuple[int, list[Entry]]]:
+        """Where a former owner still holds entries, they are older than what we just
+        read: recover the shard (ours and theirs, merged in stream order) instead."""
+        late = self.streams.others_pending([s for s, _ in work])
+        for shard in late:
+            log.warning("former owner holds entries, claiming them first", shard=shard)
+            self.recover(shard, False)
+        return [(s, e) for s, e in work if s not in late]
+
     def _read(self, shards: Sequence[int]) -> dict[int, list[Entry]]:
         try:
             return self.streams.read_new(shards, self.settings.batch_size, self.settings.block_ms)
@@ -192,12 +234,9 @@ class Ingest:
     def rebalance(self) -> None:
         """Keep our fair share of shards: renew, give back extras, take free ones."""
         ttl_ms = int(self.settings.lease_seconds * 1000)
-        now_ms = int(self.clock.now().timestamp() * 1000)
-        members = self.streams.heartbeat(now_ms, ttl_ms)
+        members = self.streams.heartbeat(self._now_ms(), ttl_ms)
         fair = math.ceil(self.settings.shards / max(1, members))
-        for shard in self.streams.renew(sorted(self.owned), ttl_ms):
-            log.warning("lease lost", shard=shard)
-            self._drop(shard)
+        self._renew()
         for shard in sorted(self.owned, reverse=True)[: max(0, len(self.owned) - fair)]:
             self.streams.release(shard)
             self._drop(shard)
@@ -221,6 +260,20 @@ class Ingest:
                 self.recovering[shard] = True
                 log.info("lease taken", shard=shard, epoch=epoch)
 
+    def _renew(self) -> None:
+        ttl_ms = int(self.settings.lease_seconds * 1000)
+        for shard in self.streams.renew(sorted(self.owned), ttl_ms):
+            log.warning("lease lost", shard=shard)
+            self._drop(shard)
+        self._next_renew = self.clock.monotonic() + self.settings.lease_seconds / 3
+
+    def _keep_lease(self, shard: int) -> bool:
+        """Renew our leases when due, also deep inside a long recovery: a lease lost
+        half-way would let a successor store newer entries before the rest of ours."""
+        if self.clock.monotonic() >= self._next_renew:
+            self._renew()
+        return shard in self.owned
+
     def _drop(self, shard: int) -> None:
         self.owned.pop(shard, None)
         self.recovering.pop(shard, None)
@@ -237,16 +290,18 @@ class Ingest:
             if taken
             else self.streams.reload_own_pending(shard)
         )
-        suspect = self.streams.inflight(shard) if taken else None
+        suspects = self.streams.inflight(shard) if taken else None
         entries = dict(own)
         entries.update(self.streams.claim_from_others(shard))
         ordered = sorted(entries.items(), key=lambda kv: id_key(kv[0]))
         counts = self.streams.deliveries(shard, [k for k, _ in ordered])
-        size = self.settings.batch_size
-        for i in range(0, len(ordered), size):
-            if shard not in self.owned:
-                return
-            self.process(shard, ordered[i : i + size], counts, suspect)
+        marked = False
+        for chunk in chunks(ordered, suspects, self.settings.batch_size):
+            if not self._keep_lease(shard):
+                return  # the marker stays: it is the new owner's to read
+            marked |= self.process(shard, chunk, counts, suspects)
+        if marked:
+            self.streams.mark_inflight(shard, None)
         self.recovering.pop(shard, None)
 
     def process(
@@ -254,18 +309,22 @@ class Ingest:
         shard: int,
         entries: Sequence[Entry],
         deliveries: dict[str, int] | None = None,
-        suspect: str | None = None,
-    ) -> None:
+        suspects: tuple[str, str] | None = None,
+    ) -> bool:
         """Dead-letter what is bad, append the rest in one transaction, then XACK.
 
-        Entries that were in flight when an ingest died (delivered more than once) are
-        stored one at a time under an in-flight marker, so that if one of them kills the
-        process again, the next owner knows which: only that entry, the `suspect`, is
-        dead-lettered as poison once delivered more than `max_deliveries` times. Valid
-        entries that merely shared its batch are never condemned with it.
+        Redelivered entries (an ingest died or crashed with them in hand) are processed
+        under an in-flight marker naming them, from decoding to the XACK, so that if they
+        kill the process again the next owner knows which: those become `suspects` and
+        are processed one at a time (`chunks`). Only an entry caught alone, delivered more
+        than `max_deliveries` times, is dead-lettered as poison; valid entries that merely
+        shared its batch are never condemned with it. Returns whether it marked.
         """
         deliveries = deliveries or {}
-        accepted, rejected = self._sort_out(entries, deliveries, suspect)
+        marked = any(deliveries.get(entry_id, 1) > 1 for entry_id, _ in entries)
+        if marked:
+            self.streams.mark_inflight(shard, entries[0][0], entries[-1][0])
+        accepted, rejected = self._sort_out(entries, deliveries, suspects)
         if rejected:
             self.streams.dead_letter(shard, rejected)
             for r in rejected:
@@ -274,27 +333,22 @@ class Ingest:
                 log.warning(
                     "entry dead-lettered", shard=shard, entry_id=r.entry_id, reason=r.reason
                 )
-        if not accepted:
-            return
-        if all(deliveries.get(a.entry_id, 1) == 1 for a in accepted):
+        if accepted:
             self._store(shard, accepted)
-            return
-        for a in accepted:
-            if shard not in self.owned:
-                return
-            self.streams.mark_inflight(shard, a.entry_id)
-            self._store(shard, [a])
-        self.streams.mark_inflight(shard, None)
+        return marked
 
     def _sort_out(
-        self, entries: Sequence[Entry], deliveries: dict[str, int], suspect: str | None
+        self,
+        entries: Sequence[Entry],
+        deliveries: dict[str, int],
+        suspects: tuple[str, str] | None,
     ) -> tuple[list[Accepted], list[Rejected]]:
         accepted: list[Accepted] = []
         rejected: list[Rejected] = []
         cap = self.settings.max_entry_bytes
         for entry_id, fields in entries:
             times = deliveries.get(entry_id, 1)
-            if entry_id == suspect and times > self.settings.max_deliveries:
+            if suspects == (entry_id, entry_id) and times > self.settings.max_deliveries:
                 rejected.append(Rejected(entry_id, fields, POISON, f"delivered {times} times"))
                 continue
             try:
@@ -369,3 +423,24 @@ class Ingest:
             self._local = threading.local()
         for event_log in logs:
             event_log.close()
+
+
+def chunks(
+    ordered: Sequence[Entry], suspects: tuple[str, str] | None, size: int
+) -> Iterator[list[Entry]]:
+    """Batches of at most `size` in stream order, each suspect entry alone."""
+    low, high = (id_key(suspects[0]), id_key(suspects[1])) if suspects else (None, None)
+    run: list[Entry] = []
+    for entry in ordered:
+        if low is not None and high is not None and low <= id_key(entry[0]) <= high:
+            if run:
+                yield run
+                run = []
+            yield [entry]
+            continue
+        run.append(entry)
+        if len(run) == size:
+            yield run
+            run = []
+    if run:
+        yield run

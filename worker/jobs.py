@@ -19,20 +19,21 @@ import msgspec
 import redis
 import structlog
 from rq import Queue
-from rq.exceptions import DuplicateJobError
+from rq.exceptions import DuplicateJobError, NoSuchJobError
+from rq.executions import ExecutionRegistry
 from rq.job import JobStatus
 
-from producers.context import StoredMessage
-from producers.ids import derived_id
-from producers.reader import ContextReader, stored, window_params
-from schema import events as ev
-from schema.errors import Refused
-from schema.queries import query
-from worker import idle, metrics, sessions
+from contextlog.producers.context import StoredMessage
+from contextlog.producers.ids import derived_id
+from contextlog.producers.reader import ContextReader, stored, window_params
+from contextlog.schema import events as ev
+from contextlog.schema.errors import EventRejected, Refused
+from contextlog.schema.queries import query
+from contextlog.worker import idle, metrics, sessions
 
 if TYPE_CHECKING:
-    from worker.bootstrap import Resources
-    from worker.summarize import Summarizer
+    from contextlog.worker.bootstrap import Resources
+    from contextlog.worker.summarize import Summarizer, Summary
 
 log = structlog.get_logger("contextlog.jobs")
 
@@ -77,7 +78,7 @@ class Jobs:
     def summarize(self, agent: str, channel: str, session_id: str) -> bool:
         """Queue the summary of a saved session; False if it is already queued."""
         return self._enqueue(
-            "worker.jobs.summarize_session",
+            "contextlog.worker.jobs.summarize_session",
             (agent, channel, session_id),
             job_id=f"summarize-{job_key(agent, channel, session_id)}",
             description=f"summarize session {session_id} ({agent}/{channel})",
@@ -98,7 +99,7 @@ class Jobs:
     def compact(self, agent: str, channel: str) -> bool:
         """Queue a compaction of a conversation; at most one is queued or running."""
         return self._enqueue(
-            "worker.jobs.compact_conversation",
+            "contextlog.worker.jobs.compact_conversation",
             (agent, channel),
             job_id=f"compact-{job_key(agent, channel)}",
             description=f"compact context ({agent}/{channel})",
@@ -107,7 +108,14 @@ class Jobs:
         )
 
     def _enqueue(
-        self, func: str, args: tuple[str, ...], *, job_id: str, description: str, result_ttl: int
+        self,
+        func: str,
+        args: tuple[str, ...],
+        *,
+        job_id: str,
+        description: str,
+        result_ttl: int,
+        replace: bool = True,
     ) -> bool:
         try:
             self.summaries.enqueue_call(
@@ -121,21 +129,53 @@ class Jobs:
                 unique=True,  # refused, not overwritten, while the id is taken
             )
         except DuplicateJobError:
-            return self._replace_dead(job_id, func, args, description, result_ttl)
+            if not replace or not self._delete_dead(job_id):
+                return False
+            # Once only: a job that reappeared meanwhile was queued by someone else.
+            return self._enqueue(
+                func,
+                args,
+                job_id=job_id,
+                description=description,
+                result_ttl=result_ttl,
+                replace=False,
+            )
         return True
 
-    def _replace_dead(
-        self, job_id: str, func: str, args: tuple[str, ...], description: str, result_ttl: int
-    ) -> bool:
-        """A job id held by a failed or stopped job (a worker died in it) is freed; one
-        still queued, scheduled or running is left alone."""
+    def _delete_dead(self, job_id: str) -> bool:
+        """Free a job id held by a failed or stopped job (a worker died in it), or by one
+        said to be queued that is in no queue (a worker killed between RQ's pop and its
+        start mark loses it so); one still queued, scheduled or running is left alone.
+        True when the id is free now."""
         job = self.summaries.fetch_job(job_id)
-        if job is None or job.get_status(refresh=True) not in _DEAD:
+        if job is None:
+            return True  # gone between the refusal and now: the id is free
+        status = job.get_status(refresh=True)
+        lost = status == JobStatus.QUEUED and self._not_in_queue(job_id)
+        if status not in _DEAD and not lost:
             return False
-        job.delete()
-        return self._enqueue(
-            func, args, job_id=job_id, description=description, result_ttl=result_ttl
-        )
+        try:
+            job.delete()
+        except NoSuchJobError:
+            return True
+        except ValueError as e:
+            # rq 3.0 keeps a job's execution index 60 s longer than the executions it
+            # lists, and Job.delete fetches each: "Execution ... not found" after a worker
+            # died in the job. The job is dead, so its executions are over: drop the index.
+            log.info(
+                "dead job's execution expired; deleting its index", job_id=job_id, error=str(e)
+            )
+            self.summaries.connection.delete(ExecutionRegistry(job_id, job.connection).key)
+            try:
+                job.delete()
+            except (ValueError, NoSuchJobError) as again:
+                log.warning("dead job not deleted; next sweep", job_id=job_id, error=str(again))
+                return False
+        return True
+
+    def _not_in_queue(self, job_id: str) -> bool:
+        client: Any = self.summaries.connection
+        return client.lpos(self.summaries.key, job_id) is None
 
     def requeue_pending(self, reader: ContextReader, now: dt.datetime, grace: float) -> int:
         """Queue again the summaries still missing `grace` seconds after their save."""
@@ -156,18 +196,7 @@ def run_summary(res: Resources, agent: str, channel: str, session_id: str) -> st
         log.info("session gone, no summary", agent=agent, channel=channel, reason=str(e))
         return "skipped"
     summary = res.summarizer.summarize([(m.role, m.content) for m in messages], purpose="session")
-    res.producer.push(
-        ev.SummaryGenerated(
-            event_id=derived_id(JOB_SOURCE, f"summary\x00{agent}\x00{channel}\x00{session_id}"),
-            agent=agent,
-            channel=channel,
-            occurred_at=res.clock.now(),
-            session_id=info.session_id,
-            summary=summary.text,
-            local=summary.local,
-            failed=summary.failed,
-        )
-    )
+    summary = _push_summary(res, agent, channel, info.session_id, summary)
     metrics.SUMMARIES.labels(
         "failed" if summary.failed else "local" if summary.local else "api"
     ).inc()
@@ -180,6 +209,43 @@ def run_summary(res: Resources, agent: str, channel: str, session_id: str) -> st
         failed=summary.failed,
     )
     return "failed" if summary.failed else "done"
+
+
+def _push_summary(
+    res: Resources, agent: str, channel: str, session_id: str, summary: Summary
+) -> Summary:
+    """Push the summary as an event, made storable first (NUL removed, cut to the
+    contract's length); one the contract still refuses is recorded as failed, so the
+    session settles and the sweep does not ask the API again and again."""
+    from contextlog.worker.summarize import FAILED_TEXT, Summary, storable
+
+    text, changed = storable(summary.text)
+    if changed:
+        metrics.SUMMARY_UNSTORABLE.labels("sanitised").inc()
+        log.warning("summary sanitised to fit the event contract", session_id=session_id)
+    event = ev.SummaryGenerated(
+        event_id=derived_id(JOB_SOURCE, f"summary\x00{agent}\x00{channel}\x00{session_id}"),
+        agent=agent,
+        channel=channel,
+        occurred_at=res.clock.now(),
+        session_id=session_id,
+        summary=text,
+        local=summary.local,
+        failed=summary.failed,
+    )
+    try:
+        res.producer.push(event)
+        return summary._replace(text=text)
+    except EventRejected as e:
+        metrics.SUMMARY_UNSTORABLE.labels("failed").inc()
+        log.warning(
+            "summary refused by the contract; recorded as failed",
+            error=str(e),
+            session_id=session_id,
+        )
+    failed = Summary(FAILED_TEXT, local=summary.local, failed=True)
+    res.producer.push(msgspec.structs.replace(event, summary=failed.text, failed=True))
+    return failed
 
 
 @dataclass(frozen=True)
@@ -222,7 +288,8 @@ def compaction_event(
     through = (
         sessions.compaction_cut(w.messages) if sessions.over_threshold(total, w.budget) else None
     )
-    from worker.summarize import Summary  # imports anthropic: workers only, not ingest
+    # imports anthropic: workers only, not ingest
+    from contextlog.worker.summarize import Summary, storable
 
     summary = Summary("")
     if through is not None:
@@ -241,7 +308,7 @@ def compaction_event(
         base_seq=w.base_seq,
         seen_seq=seen,
         remaining_tokens=sum(m.tokens for m in w.messages if m.seq > (through or 0)),
-        summary=summary.text,
+        summary=storable(summary.text)[0],
         local=summary.local,
     )
 
@@ -279,14 +346,14 @@ def _compact(res: Resources, agent: str, channel: str) -> str:
 
 def summarize_session(agent: str, channel: str, session_id: str) -> str:
     """RQ job: the summary of one saved session."""
-    from worker.bootstrap import resources
+    from contextlog.worker.bootstrap import resources
 
     return run_summary(resources(), agent, channel, session_id)
 
 
 def compact_conversation(agent: str, channel: str) -> str:
     """RQ job: compact the conversation's threads that passed 75% of their budget."""
-    from worker.bootstrap import resources
+    from contextlog.worker.bootstrap import resources
 
     return run_compaction(resources(), agent, channel)
 
@@ -295,7 +362,7 @@ def idle_check(agent: str, channel: str) -> str:
     """RQ job on `idle`: the conversation's idle deadline passed (or was due)."""
     from rq import get_current_job
 
-    from worker.bootstrap import resources
+    from contextlog.worker.bootstrap import resources
 
     res = resources()
     job = get_current_job()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 EVENTS = Counter("contextlog_events_ingested", "Events appended to the log (new, not redelivered)")
 BATCH_SECONDS = Histogram(
@@ -21,6 +21,19 @@ IDLE_DELAY = Histogram(
     "How long after its deadline an idle conversation was saved",
     buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300),
 )
+BACKGROUND_ERRORS = Counter(
+    "contextlog_background_errors",
+    "Cycles of a worker's background thread that raised (logged with a traceback)",
+    ["thread"],
+)
+BACKGROUND_UP = Gauge(
+    "contextlog_background_up", "1 while a worker's background thread runs", ["thread"]
+)
+SUMMARY_UNSTORABLE = Counter(
+    "contextlog_summary_unstorable",
+    "API answers the event contract refuses, by what was done",
+    ["action"],
+)  # action: sanitised, failed
 
 
 def serve(port: int | None, bind: str = "127.0.0.1") -> None:

@@ -7,9 +7,9 @@ from typing import Final, Protocol
 
 import redis
 
-from schema import keys
-from schema.errors import Unavailable
-from schema.notices import ENTRY_FIELD, Notice, encode
+from contextlog.schema import keys
+from contextlog.schema.errors import Unavailable
+from contextlog.schema.notices import ENTRY_FIELD, Notice, encode
 
 # A stream nobody reads (an adapter that was retired) must not grow without bound.
 DEFAULT_MAXLEN: Final = 100_000

@@ -17,7 +17,7 @@ import msgspec
 import psycopg
 from psycopg.rows import TupleRow
 
-from schema.queries import query
+from contextlog.schema.queries import query
 
 MESSAGE = "message.v1"
 CLEAR = "clear.v1"
@@ -165,7 +165,14 @@ def apply(
         )
         to_compact = [(r[0], r[1]) for r in cur.fetchall()]
     bases = {(r[0], r[1]): int(r[2]) - convs[(r[0], r[1])].count for r in rows}
-    active = [((r[0], r[1]), r[3], r[4]) for r in rows if convs[(r[0], r[1])].message_offset]
+    # A conversation with new messages, or whose idle timeout changed, (re)arms its timer:
+    # `/context settings idle=5s` takes effect now, not at the next message.
+    active = [
+        ((r[0], r[1]), r[3], r[4])
+        for r in rows
+        if r[4] is not None
+        and (convs[(r[0], r[1])].message_offset or "idle_timeout" in convs[(r[0], r[1])].settings)
+    ]
     return Applied(bases, to_compact, active)
 
 

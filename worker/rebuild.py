@@ -9,13 +9,13 @@ from typing import Any
 import psycopg
 from psycopg.rows import TupleRow
 
-from schema import codec
-from schema.defaults import ConversationDefaults
-from schema.queries import query
-from worker import projection
-from worker.eventlog import REBUILD_LOCK
-from worker.handlers import COMMANDS, handle
-from worker.projection import CONFIGURE
+from contextlog.schema import codec
+from contextlog.schema.defaults import ConversationDefaults
+from contextlog.schema.queries import query
+from contextlog.worker import projection
+from contextlog.worker.eventlog import REBUILD_LOCK
+from contextlog.worker.handlers import COMMANDS, handle
+from contextlog.worker.projection import CONFIGURE
 
 CHUNK = 20_000
 
@@ -74,4 +74,4 @@ def _replay(
         )
         for r in segment:
             if r[3] in COMMANDS:
-                handle(cur, codec.decode(r[7].encode(), max_bytes=1 << 30), int(r[6]), d)
+                handle(cur, codec.decode(r[7].encode(), 1 << 30, check=False), int(r[6]), d)

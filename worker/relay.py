@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from schema import notices as nt
-from worker.clock import Clock, SystemClock
-from worker.handlers import ARM, COMPACT, NOTICE, SUMMARIZE, Effect
-from worker.notify import Notifier
+from contextlog.schema import notices as nt
+from contextlog.worker.clock import Clock, SystemClock
+from contextlog.worker.handlers import ARM, COMPACT, NOTICE, SUMMARIZE, Effect
+from contextlog.worker.notify import Notifier
 
 if TYPE_CHECKING:
-    from worker.idle import Timers
-    from worker.jobs import Jobs
+    from contextlog.worker.idle import Timers
+    from contextlog.worker.jobs import Jobs
 
 
 class Relay:

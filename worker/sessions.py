@@ -9,7 +9,7 @@ import unicodedata
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from producers.context import StoredMessage, merge_turns, repair, units
+from contextlog.producers.context import StoredMessage, merge_turns, repair, units
 
 MAX_SLUG = 40
 PREVIEW_CHARS = 80

@@ -4,17 +4,21 @@ stored; job queues, idle timers, the summary backlog and failed jobs."""
 from __future__ import annotations
 
 import datetime as dt
+import socket
 from typing import Any
 
 import msgspec
 import psycopg
 import redis
-from rq import Queue, Worker
+from rq import Queue
+from rq.worker_registration import REDIS_WORKER_KEYS
 
-from schema import keys
-from schema.queries import query
-from worker.jobs import IDLE, SUMMARIES
-from worker.streams import entry_time_ms
+from contextlog.schema import keys
+from contextlog.schema.queries import query
+from contextlog.worker.jobs import IDLE, SUMMARIES
+from contextlog.worker.rqworker import dead_because
+from contextlog.worker.streams import entry_time_ms, recent_failures
+from contextlog.worker.sweeper import BEAT_S, heartbeat_key, pid_namespace
 
 
 def _queue(client: redis.Redis, name: str, now: dt.datetime) -> QueueStatus:
@@ -101,6 +105,8 @@ def _shard(client: Any, shard: int, owner: str | None, stored: int, now_ms: int)
     length = int(client.xlen(stream))
     group = _group(client, stream)
     lag: int | None = length if group is None else group.get("lag")
+    if lag is None and group is not None:
+        lag = _lag_without_lag(client, stream, group, length)
     pending, age = 0, None
     if group is not None and group["pending"]:
         summary = client.xpending(stream, keys.INGEST_GROUP)
@@ -110,6 +116,116 @@ def _shard(client: Any, shard: int, owner: str | None, stored: int, now_ms: int)
     return ShardStatus(
         shard, length, None if lag is None else int(lag), pending, age, owner, stored
     )
+
+
+LAG_COUNT_MAX = 10_000  # past this many undelivered entries, XLEN stands in for the lag
+
+
+def _lag_without_lag(client: Any, stream: str, group: dict[str, Any], length: int) -> int:
+    """The group's lag where XINFO GROUPS gives none (Redis < 7.0, or 7.x after a
+    deletion): the entries after the group's last-delivered id, counted by XRANGE up to
+    LAG_COUNT_MAX, XLEN beyond (an upper bound)."""
+    delivered = _text(group.get("last-delivered-id")) or "0-0"
+    newest = _text(client.xinfo_stream(stream).get("last-generated-id")) or "0-0"
+    if _entry_id(delivered) >= _entry_id(newest):
+        return 0
+    after = client.xrange(stream, min=f"({delivered}", max="+", count=LAG_COUNT_MAX)
+    return len(after) if len(after) < LAG_COUNT_MAX else length
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value or "")
+
+
+def _entry_id(entry: str) -> tuple[int, int]:
+    ms, _, seq = entry.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def shard_problems(rows: list[ShardStatus]) -> list[str]:
+    """Shards with entries waiting and nobody to read them."""
+    return [
+        f"shard {row.shard} has work waiting and no ingest owner"
+        for row in rows
+        if row.owner is None and (row.pending or row.lag)
+    ]
+
+
+CRASH_WINDOW_S = 600  # ingest crashes counted over the last ten minutes
+CRASH_LOOP = 3  # this many in the window: ingest is crash-looping
+
+
+def ingest_problems(r: Any, now_ms: int) -> list[str]:
+    """Ingest crashing again and again: in-process crashes it survived, and runs that ended
+    without a clean stop (SIGKILL, OOM, a supervisor restarting a dying process). Leases
+    and membership cannot tell: the crashing consumer may hold them all along."""
+    live = [_text(m) for m in r.zrangebyscore(keys.MEMBERS, now_ms, "+inf")]
+    failures = recent_failures(r, live, now_ms - CRASH_WINDOW_S * 1000)
+    if len(failures) < CRASH_LOOP:
+        return []
+    last = failures[-1]
+    return [
+        f"ingest is crash-looping: {len(failures)} crashes in the last "
+        f"{CRASH_WINDOW_S // 60} min (latest: {last.consumer}: {last.error})"
+    ]
+
+
+BEAT_STALE_S = 4 * BEAT_S  # a sweeper unheard of this long: its worker is dead or hung
+SWEEP_STALE_FACTOR = 3  # and one without a completed cycle for 3 intervals (+ a minute)
+
+
+def workers_alive(r: Any, now: dt.datetime) -> tuple[int, list[str]]:
+    """How many registered RQ workers are alive, and a problem line for each that is not:
+    its registration expired without a clean exit; its pid is gone on this host; its
+    sweeper thread died, went silent, or has not completed a cycle for far longer than
+    its CONTEXTLOG_SWEEP_SECONDS."""
+    at = now.timestamp()
+    alive, problems = 0, []
+    for key in sorted(_text(k) for k in r.smembers(REDIS_WORKER_KEYS)):
+        name = key.removeprefix("rq:worker:")
+        worker = _fields(r.hgetall(key))
+        if "death" in worker:
+            continue  # a clean exit RQ has not unregistered yet
+        beat = _fields(r.hgetall(heartbeat_key(name)))
+        why = _worker_gone(worker, beat, at)
+        if why:
+            problems.append(f"worker {name} is gone: {why}")
+            continue
+        alive += 1
+        problems += [f"worker {name}: {p}" for p in _sweeper_problems(beat, at)]
+    return alive, problems
+
+
+def _worker_gone(worker: dict[str, str], beat: dict[str, str], at: float) -> str | None:
+    if not worker:
+        return "its registration expired without a clean exit"
+    if beat.get("pid") == worker.get("pid") and "pidns" in beat:
+        worker = {**worker, "pidns": beat["pidns"]}
+    why = dead_because(worker, host=socket.gethostname(), pid=0, pidns=pid_namespace())
+    if why:
+        return why
+    if "died" not in beat and (silent := at - float(beat.get("beat", at))) > BEAT_STALE_S:
+        return f"not heard from for {silent:.0f} s (its sweeper beats every {BEAT_S:.0f} s)"
+    return None
+
+
+def _sweeper_problems(beat: dict[str, str], at: float) -> list[str]:
+    if not beat:
+        return []  # a worker that keeps no heartbeat (plain `rq worker`, an older version)
+    if "died" in beat:
+        return [f"its sweeper thread died: {beat.get('died_error', '?')}"]
+    every = float(beat.get("every", 0))
+    last = float(beat.get("swept", beat.get("started", at)))
+    if at - last <= SWEEP_STALE_FACTOR * every + 60:
+        return []
+    error = f" (last error: {beat['error']})" if "error" in beat else ""
+    return [
+        f"its sweeper has not completed a cycle for {at - last:.0f} s (every {every:g} s){error}"
+    ]
+
+
+def _fields(raw: dict[Any, Any]) -> dict[str, str]:
+    return {_text(k): _text(v) for k, v in raw.items()}
 
 
 def gather(
@@ -128,13 +244,10 @@ def gather(
         if k.startswith(b"dead:")
     }
     consumers = int(r.zcount(keys.MEMBERS, now_ms, "+inf"))
-    problems = [
-        f"shard {row.shard} has work waiting and no ingest owner"
-        for row in rows
-        if row.owner is None and (row.pending or row.lag)
-    ]
+    problems = shard_problems(rows) + ingest_problems(r, now_ms)
     queues = [_queue(client, name, now) for name in (IDLE, SUMMARIES)]
-    workers = Worker.count(connection=client)
+    workers, gone = workers_alive(r, now)
+    problems += gone
     lock = r.get(f"rq:scheduler-lock:{IDLE}")
     backlog, oldest = conn.execute(query("summary_backlog")).fetchone() or (0, None)
     waiting = conn.execute(query("effects_waiting")).fetchone()

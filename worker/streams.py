@@ -4,15 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import redis
 
-from schema import keys
+from contextlog.schema import keys
 
 Fields = dict[bytes, bytes]
 PAGE: Final = 1000
 Entry = tuple[str, Fields]
+# Dead letters kept (approximately: MAXLEN ~): the oldest go first, counters stay exact.
+DEAD_LETTER_CAP: Final = 100_000
+# A dead letter keeps its original fields whole when they fit in this many bytes (so it
+# can be replayed); an oversized entry keeps the first ORIG_PREFIX bytes of each field.
+ORIG_WHOLE_BYTES: Final = 256 * 1024
+ORIG_PREFIX: Final = 4096
+RUNS_KEPT_MS: Final = 3_600_000  # ingest start and crash records kept for an hour
 
 # Take or re-take a lease. A holder re-taking its own lease (a restarted process with a
 # stable consumer name) is allowed. Each take bumps the shard's epoch, the fencing token
@@ -69,6 +76,7 @@ class Streams:
         # bytes (decode_responses is off), so replies are handled as such.
         self.redis: Any = client
         self.consumer = consumer
+        self._start: str | None = None  # this run's start note (record_start)
         self._acquire = client.register_script(_ACQUIRE)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
@@ -197,17 +205,58 @@ class Streams:
         return {_s(r["message_id"]): int(r["times_delivered"]) for r in rows}
 
     # -- crash suspects -----------------------------------------------------------------
-    def mark_inflight(self, shard: int, entry_id: str | None) -> None:
-        """Record (or, with None, clear) the one entry being stored right now."""
-        if entry_id is None:
+    def mark_inflight(self, shard: int, first: str | None, last: str | None = None) -> None:
+        """Record the entries (`first` to `last`) being processed right now; None clears."""
+        if first is None:
             self.redis.delete(keys.inflight(shard))
         else:
-            self.redis.set(keys.inflight(shard), entry_id)
+            value = first if last in (None, first) else f"{first} {last}"
+            self.redis.set(keys.inflight(shard), value)
 
-    def inflight(self, shard: int) -> str | None:
-        """The entry a previous owner was storing alone when it died, if any."""
+    def inflight(self, shard: int) -> tuple[str, str] | None:
+        """The entries a previous owner was processing when it died, as (first, last)."""
         value = self.redis.get(keys.inflight(shard))
-        return None if value is None else _s(value)
+        if value is None:
+            return None
+        first, _, last = _s(value).partition(" ")
+        return first, last or first
+
+    def others_pending(self, shards: Sequence[int]) -> list[int]:
+        """The shards where a consumer other than us holds unacknowledged entries.
+
+        After a takeover, a stalled former owner can still be handed entries (a blocking
+        read it sent before it stopped is served while it sleeps). They are older than
+        anything we read after them, so they must be claimed and stored first.
+        """
+        pipe = self.redis.pipeline(transaction=False)
+        for shard in shards:
+            pipe.xpending(keys.stream(shard), keys.INGEST_GROUP)
+        out = []
+        for shard, summary in zip(shards, pipe.execute(), strict=True):
+            names = {_s(c["name"]) for c in summary.get("consumers") or []}
+            if names - {self.consumer}:
+                out.append(shard)
+        return out
+
+    # -- run records, for `contextlog status` -----------------------------------------------
+    def record_start(self, now_ms: int) -> None:
+        """Note that this consumer started; a clean stop takes the note back, so notes left
+        by consumers that are no longer live are exits nobody saw: crashes."""
+        self._start = f"start|{self.consumer}|{now_ms}"
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zadd(keys.RUNS, {self._start: now_ms})
+        pipe.zremrangebyscore(keys.RUNS, "-inf", now_ms - RUNS_KEPT_MS)
+        pipe.execute()
+
+    def record_stop(self) -> None:
+        """Take back this run's start note: it ended cleanly."""
+        if self._start is not None:
+            self.redis.zrem(keys.RUNS, self._start)
+
+    def record_crash(self, now_ms: int, error: str) -> None:
+        """Note a crash that ingest survived in-process (the entries in hand are retried)."""
+        member = f"crash|{self.consumer}|{now_ms}|{error[:300]}"
+        self.redis.zadd(keys.RUNS, {member: now_ms})
 
     # -- acknowledging ----------------------------------------------------------------
     def ack(self, shard: int, entry_ids: Sequence[str]) -> None:
@@ -219,7 +268,12 @@ class Streams:
         """Move entries to `contextlog:dead` with their reason, atomically with their XACK."""
         pipe = self.redis.pipeline(transaction=True)
         for r in rejected:
-            pipe.xadd(keys.DEAD_LETTERS, dead_letter_fields(shard, r))
+            pipe.xadd(
+                keys.DEAD_LETTERS,
+                dead_letter_fields(shard, r),
+                maxlen=DEAD_LETTER_CAP,
+                approximate=True,
+            )
             pipe.hincrby(keys.STATS, f"dead:{r.reason}", 1)
         pipe.xack(keys.stream(shard), keys.INGEST_GROUP, *[r.entry_id for r in rejected])
         pipe.execute()
@@ -250,9 +304,42 @@ def dead_letter_fields(shard: int, r: Rejected) -> dict[str | bytes, bytes | str
         "stream": keys.stream(shard),
         "entry_id": r.entry_id,
     }
+    whole = sum(len(k) + len(v) for k, v in r.fields.items()) <= ORIG_WHOLE_BYTES
     for name, value in r.fields.items():
-        out[b"orig:" + name] = value
+        if whole or len(value) <= ORIG_PREFIX:
+            out[b"orig:" + name] = value
+        else:
+            out[b"orig:" + name] = value[:ORIG_PREFIX]
+            out[b"orig_bytes:" + name] = len(value)
     return out
+
+
+class Failure(NamedTuple):
+    """An ingest run that crashed: in-process (with its error) or an exit nobody saw."""
+
+    consumer: str
+    at_ms: int
+    error: str
+
+
+def recent_failures(client: redis.Redis, live: Iterable[str], since_ms: int) -> list[Failure]:
+    """Crashes of ingest consumers since `since_ms`: in-process crash notes, and start
+    notes not taken back by a clean stop, except each live consumer's latest start."""
+    rows: Any = client.zrangebyscore(keys.RUNS, since_ms, "+inf")
+    starts: dict[str, list[int]] = {}
+    out: list[Failure] = []
+    for raw in rows:
+        kind, consumer, at_text, *rest = _s(raw).split("|", 3)
+        if kind == "crash":
+            out.append(Failure(consumer, int(at_text), rest[0] if rest else ""))
+        else:
+            starts.setdefault(consumer, []).append(int(at_text))
+    alive = set(live)
+    for consumer, times in starts.items():
+        times.sort()
+        for at in times[:-1] if consumer in alive else times:
+            out.append(Failure(consumer, at, "exited without a clean stop"))
+    return sorted(out, key=lambda f: f.at_ms)
 
 
 def _s(value: Any) -> str:

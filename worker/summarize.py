@@ -5,10 +5,15 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import Any, NamedTuple, Protocol
 
 import anthropic
 import structlog
+from rq.timeouts import JobTimeoutException
+
+from contextlog.schema.events import MAX_TEXT
+from contextlog.worker.deadline import Deadlines, transport
 
 FAILED_TEXT = "(summary generation failed)"
 LOCAL_PREFIX = "[local summary]"
@@ -154,13 +159,37 @@ def _counts(messages: Sequence[tuple[str, Any]]) -> str:
 
 
 def make_client(
-    api_key: str, *, base_url: str | None = None, timeout: float = 30.0
+    api_key: str,
+    *,
+    base_url: str | None = None,
+    timeout: float = 30.0,
+    deadlines: Deadlines | None = None,
 ) -> anthropic.Anthropic:
     """An Anthropic client with the SDK's retries off, so AnthropicSummarizer's own apply.
 
     With `base_url` None the SDK falls back to ANTHROPIC_BASE_URL, then the public API.
+    With `deadlines`, its sockets honour the budget an AnthropicSummarizer given the
+    same `deadlines` sets around each request (see worker.deadline).
     """
-    return anthropic.Anthropic(api_key=api_key, base_url=base_url, timeout=timeout, max_retries=0)
+    http = (
+        None if deadlines is None else anthropic.DefaultHttpxClient(transport=transport(deadlines))
+    )
+    return anthropic.Anthropic(
+        api_key=api_key, base_url=base_url, timeout=timeout, max_retries=0, http_client=http
+    )
+
+
+TRUNCATED = "\n[... summary truncated ...]"
+
+
+def storable(text: str) -> tuple[str, bool]:
+    """`text` as the event contract takes it (no U+0000, no lone surrogate, at most
+    MAX_TEXT characters, cut with a marker), and whether anything had to change."""
+    clean = text.replace("\x00", "")
+    clean = clean.encode("utf-8", "replace").decode("utf-8")  # lone surrogates -> "?"
+    if len(clean) > MAX_TEXT:
+        clean = clean[: MAX_TEXT - len(TRUNCATED)] + TRUNCATED
+    return clean, clean != text
 
 
 class _Attempt(NamedTuple):
@@ -194,6 +223,8 @@ class AnthropicSummarizer:
         backoff_max: float = 30.0,
         sleep: Callable[[float], object] = time.sleep,
         max_tokens: int = 400,
+        deadlines: Deadlines | None = None,
+        budget: float = 30.0,
     ) -> None:
         if attempts < 1:
             raise ValueError(f"attempts must be at least 1, not {attempts}")
@@ -204,6 +235,8 @@ class AnthropicSummarizer:
         self._backoff_max = backoff_max
         self._sleep = sleep
         self._max_tokens = max_tokens
+        self._deadlines = deadlines  # each attempt gets `budget` seconds in all
+        self._budget = budget
 
     def summarize(
         self,
@@ -231,17 +264,23 @@ class AnthropicSummarizer:
 
     def _attempt(self, prompt: str) -> _Attempt:
         """One request, its failure classified; only the error class and status are kept."""
+        budget = self._deadlines.within(self._budget) if self._deadlines else nullcontext()
         try:
-            response: object = self._client.messages.create(
-                model=self._model,
-                max_tokens=self._max_tokens,
-                system=_SYSTEM,
-                messages=[{"role": "user", "content": prompt}],
-            )
+            with budget:
+                response: object = self._client.messages.create(
+                    model=self._model,
+                    max_tokens=self._max_tokens,
+                    system=_SYSTEM,
+                    messages=[{"role": "user", "content": prompt}],
+                )
         except anthropic.APIStatusError as e:
             retryable = e.status_code in (408, 429) or e.status_code >= 500
             return _Attempt(None, type(e).__name__, e.status_code, retryable, _retry_after(e))
         except anthropic.APIConnectionError as e:  # APITimeoutError is a subclass
+            if isinstance(e.__cause__, JobTimeoutException):
+                # RQ's job timeout fired inside the SDK, which wraps every exception:
+                # let it end the job, as RQ meant, instead of retrying.
+                raise e.__cause__ from None
             return _Attempt(None, type(e).__name__, retryable=True)
         except anthropic.APIResponseValidationError as e:
             return _Attempt(None, type(e).__name__, e.status_code, retryable=True)

@@ -113,7 +113,7 @@ FROM conversations c
 WHERE t.agent = %(agent)s AND t.channel = %(channel)s AND t.thread = %(thread)s
   AND c.agent = t.agent AND c.channel = t.channel AND c.cleared_seq = %(base_seq)s
   AND (%(through)s = 0 OR t.compacted_through_seq < %(through)s)
-RETURNING t.thread;
+RETURNING t.thread, c.source;
 
 -- name: imported_messages
 -- The messages an import pushed before its session_imported event, newest first.
@@ -125,7 +125,8 @@ WHERE agent = %(agent)s AND channel = %(channel)s AND seq < %(seq)s
 ORDER BY seq DESC LIMIT %(count)s;
 
 -- name: session_messages
-SELECT seq, thread, occurred_at, tokens, payload->>'role', payload->'content'
+SELECT seq, thread, coalesce((payload->>'original_at')::timestamptz, occurred_at), tokens,
+       payload->>'role', payload->'content'
 FROM events
 WHERE agent = %(agent)s AND channel = %(channel)s AND seq = ANY(%(seqs)s)
 ORDER BY seq;

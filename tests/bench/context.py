@@ -21,9 +21,9 @@ from typing import Any
 import psycopg
 import redis
 
-from producers import ContextReader, Producer
-from schema import keys
-from schema.defaults import ConversationDefaults
+from contextlog.producers import ContextReader, Producer
+from contextlog.schema import keys
+from contextlog.schema.defaults import ConversationDefaults
 from tests.bench.harness import BenchEnv, Result, Watched, python_module
 
 RAW = """SELECT seq, occurred_at, tokens, payload->>'role', payload->'content' FROM events
@@ -198,7 +198,7 @@ def run_read_your_writes(env: BenchEnv) -> Result:
 def _offered_load(env: BenchEnv, rate: int, seconds: int) -> list[float]:
     producer = Producer.from_url(env.redis_url, shards=4)
     reader = ContextReader.from_url(env.database_url)
-    argv = python_module("worker.cli", "ingest")
+    argv = python_module("contextlog.worker.cli", "ingest")
     latencies: list[float] = []
     with Watched(
         "ingest", argv, env.process_env(CONTEXTLOG_LOG_LEVEL="warning", CONTEXTLOG_BLOCK_MS="100")

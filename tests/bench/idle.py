@@ -42,9 +42,12 @@ from rq.registry import FailedJobRegistry, FinishedJobRegistry, ScheduledJobRegi
 from rq.scheduler import RQScheduler
 from rq.utils import utcparse
 
-from producers import Batch, Producer
-from schema import keys
-from schema.queries import query
+from contextlog.producers import Batch, Producer
+from contextlog.schema import keys
+from contextlog.schema.queries import query
+from contextlog.worker.config import DEFAULT_BATCH_SIZE
+from contextlog.worker.idle import IDLE
+from contextlog.worker.jobs import SUMMARIES
 from tests.bench.harness import (
     ROOT,
     STOP_TIMEOUT,
@@ -57,10 +60,7 @@ from tests.bench.harness import (
     redis_cpu,
 )
 from tests.bench.workload import Traffic
-from tests.support.services import truncate
-from worker.config import DEFAULT_BATCH_SIZE
-from worker.idle import IDLE
-from worker.jobs import SUMMARIES
+from tests.support.services import flush_owned, truncate
 
 LOAD_MESSAGES = 100_000  # part 2's drain; --events changes it, and part 1 idles a tenth
 LOAD_CONVERSATIONS = 1000
@@ -185,7 +185,7 @@ def _contextlog(env: BenchEnv, command: str, name: str) -> Group:
     penv = env.process_env(
         CONTEXTLOG_LOG_LEVEL="warning", CONTEXTLOG_SHARDS=str(SHARDS), ANTHROPIC_API_KEY=""
     )
-    return Group(name, python_module("worker.cli", command), penv)
+    return Group(name, python_module("contextlog.worker.cli", command), penv)
 
 
 def _reset(env: BenchEnv) -> None:
@@ -193,7 +193,7 @@ def _reset(env: BenchEnv) -> None:
     truncate(env.database_url)
     client = redis.Redis.from_url(env.redis_url)
     try:
-        client.flushdb()
+        flush_owned(client)
     finally:
         client.close()
 

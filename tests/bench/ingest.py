@@ -19,9 +19,10 @@ import psycopg
 import redis
 from psycopg.rows import TupleRow
 
-from producers import Producer
-from schema import keys
-from schema.queries import query
+from contextlog.producers import Producer
+from contextlog.schema import keys
+from contextlog.schema.queries import query
+from contextlog.worker.config import Settings
 from tests.bench.harness import (
     BenchEnv,
     BenchError,
@@ -33,7 +34,6 @@ from tests.bench.harness import (
     redis_cpu,
 )
 from tests.bench.workload import Filled, Traffic, fill
-from worker.config import Settings
 
 DEFAULT_EVENTS = 200_000
 EVENTS_PER_CONVERSATION = 200  # 200,000 events -> 1,000 conversations
@@ -176,7 +176,7 @@ def _drain_scaled(env: BenchEnv, count: int, conversations: int, processes: int)
             stack.enter_context(
                 Watched(
                     f"ingest {i}",
-                    python_module("worker.cli", "ingest"),
+                    python_module("contextlog.worker.cli", "ingest"),
                     {
                         **_ingest_env(env),
                         "CONTEXTLOG_CONSUMER": f"bench-{i}",
@@ -220,12 +220,14 @@ def _drain(env: BenchEnv, count: int) -> Drain:
     """Start `contextlog ingest`; poll the checkpoint totals until every event is stored."""
     timeout = 60 + count / 500  # generous: even 500 events/s finishes
     _checkpoint(env.database_url)
-    print("  draining with `python -m worker.cli ingest` ...", flush=True)
+    print("  draining with `python -m contextlog.worker.cli ingest` ...", flush=True)
     cpu = CpuMeter()
     cpu.watch_counter("redis_server", redis_cpu(env.redis_url))
     with (
         psycopg.connect(env.database_url, autocommit=True) as conn,
-        Watched("contextlog ingest", python_module("worker.cli", "ingest"), _ingest_env(env)) as p,
+        Watched(
+            "contextlog ingest", python_module("contextlog.worker.cli", "ingest"), _ingest_env(env)
+        ) as p,
     ):
         cpu.watch("ingest_process", p.proc.pid, since_start=True)
         first_row = None

@@ -106,7 +106,8 @@ def markdown(docs: list[dict[str, Any]]) -> str:
     out = [
         "# Benchmarks",
         "",
-        "Measured with `make bench` (runs `python -m tests.bench.run` under `worker.devenv`; "
+        "Measured with `make bench` (runs `python -m tests.bench.run` under "
+        "`contextlog.worker.devenv`; "
         "`--only NAME` reruns one benchmark, `--events N` changes the workload size). "
         "This file is regenerated from `bench/results/*.json` on every run, so rows of "
         "benchmarks not rerun are kept. Ratio = ours / physical limit.",

@@ -1,7 +1,8 @@
 """Run the benchmarks: `python -m tests.bench.run [--events N] [--only NAME]` (`make bench`).
 
-Each benchmark gets a fresh database (`contextlog_bench`, dropped and re-created on the
-DATABASE_URL server) and the Redis db of REDIS_URL, FLUSHED first. Results go to
+Each benchmark gets a fresh database (`contextlog_bench_<pid>`, created on the DATABASE_URL
+server and dropped at the end) and the Redis db of REDIS_URL, flushed first, which is refused
+when that database holds keys that no benchmark or test run wrote. Results go to
 `bench/results/<name>.json`; BENCHMARKS.md is rebuilt from every result file.
 
 To add a benchmark: write `run(env: BenchEnv) -> Result` in a module of tests/bench/ and
@@ -20,9 +21,10 @@ import redis
 
 from tests.bench import context, idle, ingest, report, sessions
 from tests.bench.harness import BenchEnv, BenchError, Benchmark, Result
-from tests.support.services import create_database, drop_database
+from tests.support.services import NotOurs, create_database, drop_database, flush_owned
 
-DATABASE = "contextlog_bench"
+# Unique to the run: two runs at once never share (or drop) each other's database.
+DATABASE = f"contextlog_bench_{os.getpid()}"
 
 BENCHMARKS: dict[str, Benchmark] = {
     "ingest": ingest.run,
@@ -78,9 +80,9 @@ def fresh(server_url: str, redis_url: str, events: int | None) -> BenchEnv:
     url = create_database(server_url, DATABASE)
     client = redis.Redis.from_url(redis_url)
     try:
-        db = client.connection_pool.connection_kwargs.get("db", 0)
-        print(f"  WARNING: flushing Redis db {db} ({report.where(redis_url)}): FLUSHDB", flush=True)
-        client.flushdb()
+        flush_owned(client)  # refuses a database holding keys no benchmark or test wrote
+    except NotOurs as e:
+        raise BenchError(str(e)) from e
     finally:
         client.close()
     return BenchEnv(database_url=url, redis_url=redis_url, events=events)

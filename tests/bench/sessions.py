@@ -32,10 +32,11 @@ from psycopg.rows import TupleRow
 from rq import Worker
 from rq.registry import FailedJobRegistry
 
-from producers import Batch, Producer
-from producers.commands import Prepared
-from schema import keys
-from schema.queries import query
+from contextlog.producers import Batch, Producer
+from contextlog.producers.commands import Prepared
+from contextlog.schema import keys
+from contextlog.schema.queries import query
+from contextlog.worker.jobs import IDLE, SUMMARIES
 from tests.bench.harness import (
     STOP_TIMEOUT,
     BenchEnv,
@@ -49,7 +50,6 @@ from tests.bench.harness import (
 )
 from tests.bench.workload import Traffic
 from tests.support.fake_anthropic import FakeAPIServer
-from worker.jobs import IDLE, SUMMARIES
 
 SESSIONS = 1000
 SEED_MESSAGES = 4  # per conversation: every save has a window to snapshot
@@ -235,9 +235,9 @@ def _start(env: BenchEnv, stack: contextlib.ExitStack) -> Rig:
     penv = _process_env(env, api.url)
     print(f"  starting ingest and {WORKERS} workers (fake API at {api.url}) ...", flush=True)
     rig.ingest = stack.enter_context(
-        Watched("contextlog ingest", python_module("worker.cli", "ingest"), penv)
+        Watched("contextlog ingest", python_module("contextlog.worker.cli", "ingest"), penv)
     )
-    argv = python_module("worker.cli", "worker")
+    argv = python_module("contextlog.worker.cli", "worker")
     for i in range(WORKERS):
         rig.workers.append(stack.enter_context(Watched(f"contextlog worker {i}", argv, penv)))
     stack.callback(_terminate, rig)  # runs first: every process gets SIGTERM at once

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from producers import Batch, Producer
+from contextlog.producers import Batch, Producer
 
 AGENTS = ("support-bot", "research-agent", "coder", "concierge", "triage")
 SOURCES = ("discord", "slack", "telegram", "terminal")

@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from producers import Producer
+from contextlog.producers import Producer
 
 AGENT = "e2e"
 

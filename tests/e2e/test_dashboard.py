@@ -19,11 +19,11 @@ import pytest
 import redis
 from rq import Queue, SimpleWorker
 
+from contextlog.worker.idle import Timers
+from contextlog.worker.jobs import FAILURE_TTL, SUMMARIES, Jobs
 from tests.support import services
 from tests.support.processes import ROOT, Process, started
 from tests.support.running import eventually
-from worker.idle import Timers
-from worker.jobs import FAILURE_TTL, SUMMARIES, Jobs
 
 pytestmark = pytest.mark.e2e
 
@@ -186,7 +186,7 @@ def fill(client: redis.Redis, now: dt.datetime) -> str:
     # A job queued by an older release whose function has since been renamed: the worker
     # cannot import it and fails it, the way a deploy leaves a failed job behind.
     summaries.enqueue_call(
-        "worker.jobs.summarise_session",
+        "contextlog.worker.jobs.summarise_session",
         args=(A, C, RELEASE_NOTES),
         description=f"summarize session {RELEASE_NOTES} ({A}/{C})",
         failure_ttl=FAILURE_TTL,

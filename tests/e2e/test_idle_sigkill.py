@@ -21,8 +21,8 @@ import psycopg
 import pytest
 import redis
 
-from producers import ContextReader, Producer
-from tests.support.processes import Process
+from contextlog.producers import ContextReader, Producer
+from tests.support.processes import Process, offline_env
 from tests.support.running import eventually, running, settings_for
 
 pytestmark = pytest.mark.e2e
@@ -46,6 +46,7 @@ def auto_sessions(db: str) -> dict[str, int]:
     return {str(r[0]): int(r[1]) for r in rows}
 
 
+@pytest.mark.timeout(240)  # its own waits (150 s + 30 s) must run out before pytest's
 def test_sigkill_during_idle_saves_leaves_exactly_one_save_each(
     db: str, redis_url: str, tmp_path: Path
 ) -> None:
@@ -53,13 +54,7 @@ def test_sigkill_during_idle_saves_leaves_exactly_one_save_each(
     rng = random.Random(seed)
     kills = sorted(rng.uniform(TIMEOUT_S + 0.3, TIMEOUT_S + 1.5) for _ in range(2))
     print(f"seed={seed} (set CONTEXTLOG_E2E_SEED to replay) kills at {kills}")
-    env = {
-        **{k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"},
-        "DATABASE_URL": db,
-        "REDIS_URL": redis_url,
-        "CONTEXTLOG_SHARDS": "4",
-        "CONTEXTLOG_SWEEP_SECONDS": "1",
-    }
+    env = offline_env(db, redis_url, CONTEXTLOG_SWEEP_SECONDS="1")
     producer = Producer(redis.Redis.from_url(redis_url), shards=4)
     reader = ContextReader.from_url(db)
     worker = Process("worker", env, tmp_path / "worker.log")
@@ -83,7 +78,8 @@ def test_sigkill_during_idle_saves_leaves_exactly_one_save_each(
             eventually(
                 lambda: len(auto_sessions(db)) == CONVERSATIONS,
                 timeout=150,  # 300 saves + 300 summaries on one worker; slow under a loaded CI
-                what=f"{CONVERSATIONS} auto-saves (seed {seed})\n{worker.tail()}",
+                what=f"{CONVERSATIONS} auto-saves (seed {seed}); "
+                f"{len(auto_sessions(db))} saved\n{worker.tail()}",
             )
             # Every timer disarmed: nothing can save a second time.
             eventually(

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from producers import ContextReader, Producer
-from producers.notifications import Notifications
-from schema import notices as nt
+from contextlog.producers import ContextReader, Producer
+from contextlog.producers.notifications import Notifications
+from contextlog.schema import notices as nt
 from tests.support.fake_anthropic import FakeAPIServer
 from tests.support.processes import Process
 from tests.support.running import eventually

@@ -12,8 +12,8 @@ import psycopg
 import pytest
 import redis
 
-from producers import ContextReader, Producer
-from tests.support.processes import Process
+from contextlog.producers import ContextReader, Producer
+from tests.support.processes import Process, offline_env
 from tests.support.running import eventually, running, settings_for
 
 pytestmark = pytest.mark.e2e
@@ -25,12 +25,7 @@ FAILOVER_LIMIT_S = 120.0
 def test_timers_fire_within_two_minutes_of_the_schedulers_worker_dying(
     db: str, redis_url: str, tmp_path: Path
 ) -> None:
-    env = {
-        **{k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"},
-        "DATABASE_URL": db,
-        "REDIS_URL": redis_url,
-        "CONTEXTLOG_SHARDS": "4",
-    }
+    env = offline_env(db, redis_url)
     rds = redis.Redis.from_url(redis_url)
     first = Process("worker", env, tmp_path / "first.log").start()
     standby = Process("worker", env, tmp_path / "standby.log")

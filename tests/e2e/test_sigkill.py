@@ -24,7 +24,7 @@ import psycopg
 import pytest
 import redis
 
-from schema import keys
+from contextlog.schema import keys
 from tests.e2e.producer_proc import AGENT, content
 
 pytestmark = pytest.mark.e2e
@@ -68,7 +68,7 @@ class IngestProcess:
             log.write(f"--- ingest #{self.starts} started ---\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "worker.cli", "ingest"],
+                [sys.executable, "-m", "contextlog.worker.cli", "ingest"],
                 env=self.env,
                 cwd=ROOT,
                 stdin=subprocess.DEVNULL,

@@ -15,15 +15,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from producers import AsyncContextReader, ContextReader, NotVisible, Producer
-from producers.ids import uuid7
-from schema import codec
-from schema import events as ev
-from schema.defaults import ConversationDefaults
+from contextlog.producers import AsyncContextReader, ContextReader, NotVisible, Producer
+from contextlog.producers.ids import uuid7
+from contextlog.schema import codec
+from contextlog.schema import events as ev
+from contextlog.schema.defaults import ConversationDefaults
+from contextlog.worker.eventlog import Accepted, PostgresEventLog
 from tests.support.anthropic_rules import check_messages
+from tests.support.blocks import PARAMS, server_call, thinking
 from tests.support.running import running, settings_for
 from tests.support.services import truncate
-from worker.eventlog import Accepted, PostgresEventLog
 
 NOW = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 HOUR = dt.timedelta(hours=1)
@@ -191,7 +192,8 @@ def test_async_reader(log: Log, db: str) -> None:
 def fake_api(request: httpx2.Request) -> httpx2.Response:
     """Answers like the Messages API: 400 with the reason for an invalid request."""
     body = json.loads(request.content)
-    errors = check_messages(body["messages"])
+    thinking = body.get("thinking", {}).get("type") in ("enabled", "adaptive")
+    errors = check_messages(body["messages"], thinking=thinking)
     if errors:
         return httpx2.Response(
             400,
@@ -317,7 +319,7 @@ def test_any_logged_history_reads_back_valid_for_the_real_client(
 def test_cli_context_across_a_clear_and_the_24h_edge_inside_tool_exchanges(
     log: Log, db: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from worker import cli
+    from contextlog.worker import cli
 
     now = dt.datetime.now(dt.UTC)
     log.say("assistant", [use("edge")], now - 24 * HOUR - dt.timedelta(minutes=5))
@@ -356,3 +358,55 @@ def test_a_restored_sessions_messages_count_as_recent_from_the_restore(
     assert texts(ctx) == ["old question", "s", "s", "old answer", "after restore"]
     # A restore older than the rolling window no longer brings them back.
     assert texts(reader.context("alpha", "general", now=NOW + 23 * HOUR)) == ["after restore"]
+
+
+def test_thinking_and_tools_cut_at_every_boundary_read_back_valid_for_the_real_client(
+    db: str, reader: ContextReader
+) -> None:
+    """A bot with thinking and tools, storing every response verbatim; the window edge,
+    a clear and a restore landing at each message in turn: the API accepts the context."""
+    user = [PARAMS[k] for k in ("text", "image", "document", "search_result")]
+    reply = [thinking("1"), thinking("2", redacted=True), *server_call("1"), use("a")]
+    convo: list[tuple[str, Any]] = [
+        ("user", [*user[:-1], {**user[-1], "cache_control": {"type": "ephemeral"}}]),
+        ("assistant", reply),
+        ("user", [{**result("a"), "content": [PARAMS["image"], PARAMS["text"]]}]),
+        ("assistant", [use("b")]),  # the same cycle, without new thinking
+        ("user", [result("b")]),
+        ("assistant", [thinking("3"), {"type": "text", "text": "done"}]),
+        ("user", "next"),
+        ("assistant", [thinking("4"), use("c")]),
+        ("user", [result("c")]),
+    ]
+    api = client()
+    for cut in range(len(convo) + 1):
+        for how in ("edge", "clear", "restore"):
+            truncate(db)
+            lg = Log(db)
+            for i, (role, content) in enumerate(convo):
+                at = NOW - dt.timedelta(minutes=60 - i)
+                if i == cut and how == "clear":
+                    lg.add(ev.ContextCleared, at - dt.timedelta(seconds=1))
+                if i == cut and how == "restore":
+                    lg.add(ev.SessionSaveRequested, at - dt.timedelta(seconds=2))
+                    lg.add(
+                        ev.SessionRestoreRequested, at - dt.timedelta(seconds=1), session_id="last"
+                    )
+                lg.say(
+                    role, content, at - (25 * HOUR if how == "edge" and i < cut else dt.timedelta())
+                )
+            lg.log.close()
+            ctx = reader.context("alpha", "general", now=NOW)
+            assert check_messages(ctx.messages, thinking=True) == [], (cut, how)
+            if ctx.messages:
+                reply_ = api.messages.create(
+                    model="m",
+                    max_tokens=4096,
+                    thinking={"type": "enabled", "budget_tokens": 2048},
+                    **ctx.to_anthropic(),
+                )
+                assert reply_.content[0].type == "text"
+    # Uncut, every block comes back as posted, thinking byte for byte, no cache_control.
+    ctx = reader.context("alpha", "general", now=NOW)
+    assert ctx.messages[-2]["content"][0] == thinking("4")
+    assert ctx.messages[0]["content"] == user

@@ -10,12 +10,12 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from producers.ids import uuid7
-from schema import codec
-from schema import events as ev
-from schema.errors import Fenced, StorageRefused
-from schema.queries import migrations
-from worker.eventlog import Accepted, EventLog, MemoryEventLog, PostgresEventLog, migrate
+from contextlog.producers.ids import uuid7
+from contextlog.schema import codec
+from contextlog.schema import events as ev
+from contextlog.schema.errors import Fenced, StorageRefused
+from contextlog.schema.queries import migrations
+from contextlog.worker.eventlog import Accepted, EventLog, MemoryEventLog, PostgresEventLog, migrate
 
 T0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 
@@ -162,4 +162,26 @@ def test_text_that_copy_would_misread_is_stored_verbatim(db: str) -> None:
             "SELECT agent, channel, thread, payload->>'content' FROM events"
         ).fetchone()
     assert row == ("a\\gent", "chan\\nel", "th\\read", tricky)
+    log.close()
+
+
+def test_a_log_holding_a_year_9999_activity_still_takes_messages(db: str) -> None:
+    """Before times were bounded, a message dated 9999 could be stored; with a later
+    configure(idle_timeout=...) every message of that conversation overflowed
+    last activity + timeout and crashed ingest. Old logs like that keep working."""
+    log = PostgresEventLog(psycopg.connect(db))
+    far = ev.MessagePosted(
+        event_id=uuid7(),
+        agent="alpha",
+        channel="general",
+        role="user",
+        content="x",
+        occurred_at=dt.datetime(9999, 12, 31, 23, 59, tzinfo=dt.UTC),
+    )
+    assert log.append(0, 1, [Accepted("1-0", far, codec.encode(far))]) == 1
+    configure = ev.Configured(
+        event_id=uuid7(), agent="alpha", channel="general", occurred_at=T0, idle_timeout=7200
+    )
+    assert log.append(0, 1, [Accepted("2-0", configure, codec.encode(configure))]) == 1
+    assert log.append(0, 1, [accepted(text="after", entry="3-0")]) == 1
     log.close()

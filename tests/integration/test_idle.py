@@ -4,7 +4,6 @@ scheduler) and a 2-second timeout; ingest runs in a thread."""
 from __future__ import annotations
 
 import datetime as dt
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,29 +14,24 @@ import redis
 from rq import Queue
 from rq.job import Job, JobStatus
 
-from producers import ContextReader, Producer
-from producers.notifications import Notifications
-from schema import events as ev
-from schema import notices as nt
-from schema.notices import Notice
-from tests.support.processes import Process, started
+from contextlog.producers import ContextReader, Producer
+from contextlog.producers.notifications import Notifications
+from contextlog.schema import events as ev
+from contextlog.schema import notices as nt
+from contextlog.schema.notices import Notice
+from contextlog.worker import idle
+from contextlog.worker.idle import Timers, timer_key
+from tests.support.processes import Process, offline_env, started
 from tests.support.running import eventually, running, settings_for
-from worker import idle
-from worker.idle import Timers, timer_key
 
 A = "alpha"
 
 
 @pytest.fixture
 def env(db: str, redis_url: str) -> dict[str, str]:
-    return {
-        **{k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"},
-        "DATABASE_URL": db,
-        "REDIS_URL": redis_url,
-        "CONTEXTLOG_SHARDS": "4",
-        "CONTEXTLOG_SWEEP_SECONDS": "1",
-        "CONTEXTLOG_LOG_FORMAT": "console",
-    }
+    return offline_env(
+        db, redis_url, CONTEXTLOG_SWEEP_SECONDS="1", CONTEXTLOG_LOG_FORMAT="console"
+    )
 
 
 @pytest.fixture
@@ -184,5 +178,36 @@ def test_a_check_that_dies_mid_save_is_redone_by_the_sweep_and_saves_once(
             row = conn.execute("SELECT count(*) FROM events WHERE kind = 'save.v1'").fetchone()
         assert row == (1,)
     finally:
+        reader.close()
+        rds.close()
+
+
+def test_a_shorter_idle_setting_arms_the_timer_at_once(db: str, redis_url: str) -> None:
+    """`/context settings idle=5s` used to change nothing until the next message."""
+    producer = Producer(redis.Redis.from_url(redis_url), shards=4)
+    reader = ContextReader.from_url(db)
+    rds = redis.Redis.from_url(redis_url)
+    timers = Timers(rds)
+    try:
+        with running(settings_for(db, redis_url)):
+            at = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(seconds=30)
+            eid = producer.post_message(A, "settings", "user", "hi", occurred_at=at)
+            reader.context(A, "settings", wait_for=eid, timeout=10)
+            first = timers.read(A, "settings")
+            assert first is not None and first.due_ms == idle.ms(at + dt.timedelta(minutes=30))
+            eid = producer.configure(A, "settings", idle_timeout=5)  # no message after it
+            reader.context(A, "settings", wait_for=eid, timeout=10)
+
+            due = idle.ms(at + dt.timedelta(seconds=5))
+            scheduled = Queue("idle", connection=rds).scheduled_job_registry
+
+            def rearmed() -> bool:
+                timer = timers.read(A, "settings")
+                jobs = scheduled.get_job_ids()
+                return timer is not None and f"-{due}-" in timer.job and timer.job in jobs
+
+            eventually(rearmed, what="a job armed for the new 5 s timeout")
+    finally:
+        producer.close()
         reader.close()
         rds.close()

@@ -7,12 +7,12 @@ from typing import Any
 
 import psycopg
 
-from producers import Producer
-from schema import keys
+from contextlog.producers import Producer
+from contextlog.schema import keys
+from contextlog.worker import bootstrap
+from contextlog.worker.streams import Streams
 from tests.support.proxy import Proxy, postgres_upstream, redis_upstream, via
 from tests.support.running import count_events, eventually, running, settings_for, stored_ids
-from worker import bootstrap
-from worker.streams import Streams
 
 
 def test_smoke_ingest_round_trip(db: str, redis_url: str) -> None:
@@ -146,8 +146,8 @@ def test_ingest_rides_out_a_redis_outage(db: str, redis_url: str) -> None:
 
 
 def test_status_reports_lag_dead_letters_and_stored(db: str, redis_url: str, rds: Any) -> None:
-    from worker.clock import SystemClock
-    from worker.status import gather
+    from contextlog.worker.clock import SystemClock
+    from contextlog.worker.status import gather
 
     producer = Producer.from_url(redis_url, shards=4)
     settings = settings_for(db, redis_url)

@@ -11,10 +11,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from producers import Producer
+from contextlog.producers import Producer
+from contextlog.worker import cli
+from contextlog.worker.rebuild import rebuild
 from tests.support.running import count_events, eventually, running, settings_for
-from worker import cli
-from worker.rebuild import rebuild
 
 T0 = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
 

@@ -3,9 +3,12 @@ mode, the Anthropic API faked at its HTTP transport."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,28 +18,36 @@ import psycopg
 import pytest
 import redis
 from rq import Queue, SimpleWorker
+from rq.executions import ExecutionRegistry
+from rq.job import JobStatus
 
-from producers import ContextReader, Producer
-from producers.ids import uuid7
-from producers.notifications import Notifications
-from schema import codec
-from schema import events as ev
-from schema import notices as nt
-from schema.errors import Refused, Unavailable
-from schema.notices import Notice
+from contextlog.producers import ContextReader, Producer
+from contextlog.producers.ids import uuid7
+from contextlog.producers.notifications import Notifications
+from contextlog.schema import codec
+from contextlog.schema import events as ev
+from contextlog.schema import notices as nt
+from contextlog.schema.errors import Refused, Unavailable
+from contextlog.schema.notices import Notice
+from contextlog.worker import bootstrap, cli
+from contextlog.worker.clock import FakeClock, SystemClock
+from contextlog.worker.config import Settings
+from contextlog.worker.eventlog import Accepted, PostgresEventLog
+from contextlog.worker.idle import Timers
+from contextlog.worker.jobs import SUMMARIES, Jobs
+from contextlog.worker.notify import MemoryNotifier
+from contextlog.worker.rebuild import rebuild
+from contextlog.worker.relay import Relay
+from contextlog.worker.summarize import (
+    FAILED_TEXT,
+    TRUNCATED,
+    AnthropicSummarizer,
+    LocalSummarizer,
+    Summarizer,
+)
 from tests.support.anthropic_rules import check_messages
 from tests.support.fake_anthropic import FakeAPI, Outcome, client_for
 from tests.support.running import eventually, running, settings_for
-from worker import bootstrap, cli
-from worker.clock import SystemClock
-from worker.config import Settings
-from worker.eventlog import Accepted, PostgresEventLog
-from worker.idle import Timers
-from worker.jobs import SUMMARIES, Jobs
-from worker.notify import MemoryNotifier
-from worker.rebuild import rebuild
-from worker.relay import Relay
-from worker.summarize import FAILED_TEXT, AnthropicSummarizer, LocalSummarizer, Summarizer
 
 A, C = "alpha", "general"
 
@@ -164,7 +175,7 @@ def test_save_summary_history_restore_export_import(
     assert check_messages(ctx.messages) == []
 
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["export", saved.session_id, "--agent", A]) == 0
+    assert cli.main(["export", saved.session_id, "--agent", A, "--channel", C]) == 0
     exported = tmp_path / f"{saved.session_id}.json"
     doc = json.loads(exported.read_text())
     assert doc["session_id"] == saved.session_id and doc["message_count"] == 2
@@ -247,12 +258,11 @@ def test_refusals_are_notified_and_change_nothing(stack: Stack) -> None:
     stack.stored(stack.say("mine"))
     for send in (stack.producer.restore, stack.producer.delete_session):
         send(A, C, theirs, source="test")
-        assert stack.notice(nt.COMMAND_REFUSED).text == (
-            f"session {theirs!r} belongs to another conversation"
-        )
+        # as for an id that does not exist: the refusal tells nothing of other conversations
+        assert stack.notice(nt.COMMAND_REFUSED).text == f"there is no session {theirs!r}"
     assert texts(stack.valid()) == ["mine"]
     assert stack.reader.session(theirs).channel == "other"  # not deleted
-    with pytest.raises(Refused, match="belongs to another conversation"):
+    with pytest.raises(Refused, match=f"^there is no session {theirs!r}$"):
         stack.reader.session_messages(theirs, agent=A, channel=C)
     assert cli.main(["export", theirs, "--agent", A, "--channel", C]) == 2
     stack.producer.restore(A, C, "no-such-session", source="test")
@@ -352,11 +362,15 @@ def test_compaction_summarises_the_oldest_half_and_keeps_the_context_valid(
         last = stack.say(f"a{i} {words}", "assistant")
     stack.stored(last)
     before = stack.valid()
+    before_compacted = stack.reader.context(A, C).compacted
     assert Queue(SUMMARIES, connection=rds).count == 1  # one compaction job, not one per batch
     assert not Jobs(rds).compact(A, C)  # a second one is refused while it is queued
     stack.run_jobs()
     eventually(lambda: "Summary of the earlier part" in (stack.reader.context(A, C).system or ""))
+    compacted = stack.notice(nt.CONTEXT_COMPACTED)  # the adapter hears of it
+    assert compacted.text is not None and compacted.text.startswith("compacted the conversation")
     ctx = stack.reader.context(A, C)
+    assert ctx.compacted and not before_compacted
     assert check_messages(ctx.messages) == []
     assert ctx.token_estimate <= 200
     kept = texts(ctx.messages)
@@ -389,6 +403,28 @@ def test_lost_and_failed_summary_jobs_are_queued_again(stack: Stack, rds: redis.
     stack.use(LocalSummarizer())
     assert jobs.requeue_pending(stack.reader, now + dt.timedelta(minutes=3), grace=120) == 1
     assert jobs.requeue_pending(stack.reader, now + dt.timedelta(minutes=3), grace=120) == 0
+    stack.run_jobs()
+    assert stack.notice(nt.SUMMARY_READY).local
+
+
+def test_a_summary_job_popped_by_a_worker_killed_before_starting_it_is_queued_again(
+    stack: Stack, rds: redis.Redis
+) -> None:
+    """Killed between RQ's pop and its start mark, a worker leaves the job in no queue
+    with its status 'queued' for good: the sweep took it for alive, and the summary never
+    landed."""
+    stack.use(LocalSummarizer())
+    jobs = Jobs(rds)
+    stack.say("first")
+    stack.producer.save(A, C, "popped", source="test")
+    stack.notice(nt.SESSION_SAVED)
+    queue = Queue(SUMMARIES, connection=rds)
+    eventually(lambda: queue.count == 1, what="the summary job")
+    [job_id] = queue.get_job_ids()
+    rds.lrem(queue.key, 0, job_id)  # popped, then the worker was SIGKILLed
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=3)
+    assert jobs.requeue_pending(stack.reader, later, grace=120) == 1
+    assert queue.get_job_ids() == [job_id]
     stack.run_jobs()
     assert stack.notice(nt.SUMMARY_READY).local
 
@@ -474,3 +510,58 @@ def test_the_same_session_id_in_many_conversations_each_gets_its_summary(stack: 
     for ch in channels:
         info, messages = stack.reader.session_messages(sid, agent=A, channel=ch)
         assert info.channel == ch and messages[0].content == f"work in {ch}"
+
+
+def test_a_summary_lost_with_its_worker_is_queued_again_by_the_sweeper(
+    stack: Stack, rds: redis.Redis
+) -> None:
+    """Issue 10 item 5: a worker SIGKILLed mid-summary leaves a failed job whose execution
+    expired before its index; deleting it raised "Execution ... not found", which ended the
+    sweeper thread for the life of the process."""
+    stack.use(LocalSummarizer())
+    stack.say("first")
+    stack.producer.save(A, C, "lost", source="test")
+    stack.notice(nt.SESSION_SAVED)
+    queue = Queue(SUMMARIES, connection=rds)
+    eventually(lambda: queue.count == 1, what="the summary job")
+    [job] = queue.get_jobs()
+    queue.remove(job)
+    job.set_status(JobStatus.FAILED)  # as StartedJobRegistry.cleanup leaves it
+    rds.zadd(ExecutionRegistry(job.id, rds).key, {"expired": time.time() + 600})
+    later = FakeClock(dt.datetime.now(dt.UTC) + dt.timedelta(minutes=3))
+    res = bootstrap.resources()
+    bootstrap.install(dataclasses.replace(res, clock=later))
+    stop = threading.Event()
+    stop.set()  # one cycle, then the loop ends
+    bootstrap.sweep_forever(stack.settings, stop)
+    assert queue.count == 1  # queued again
+    stack.run_jobs()
+    assert stack.notice(nt.SUMMARY_READY).local
+
+
+@pytest.mark.parametrize(
+    ("answer", "stored", "failed"),
+    [
+        ("Fixed the \x00login bug.", "Fixed the login bug.", False),
+        ("y" * (ev.MAX_TEXT + 1), "y" * (ev.MAX_TEXT - len(TRUNCATED)) + TRUNCATED, False),
+        ("€" * ev.MAX_TEXT, FAILED_TEXT, True),  # 600 kB: over the entry cap even when cut
+    ],
+    ids=["nul", "too-long", "too-many-bytes"],
+)
+def test_answers_the_contract_refuses_still_settle_the_session(
+    stack: Stack, rds: redis.Redis, answer: str, stored: str, failed: bool
+) -> None:
+    """Issue 10 item 7: such an answer made the job raise EventRejected; the sweep queued
+    it again every cycle, calling the API each time, and the session never settled."""
+    stack.api.push(Outcome.ok(answer))
+    stack.say("Deploy the billing service.")
+    stack.producer.save(A, C, "deploy", source="test")
+    sid = stack.notice(nt.SESSION_SAVED).session_id or ""
+    stack.run_jobs()
+    ready = stack.notice(nt.SUMMARY_READY)
+    assert ready.failed is failed
+    info = stack.reader.session(sid)
+    assert info.summary == stored and info.summary_failed is failed and not info.pending
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=3)
+    assert Jobs(rds).requeue_pending(stack.reader, later, grace=120) == 0  # settled
+    assert len(stack.api.requests) == 1

@@ -2,17 +2,42 @@
 
 Used by the property tests and by the mock transport that the real `anthropic`
 client talks to, so a context that passes here is one the API would accept.
+
+Thinking rules (docs: "Extended thinking", "Context windows", the API's 400 messages):
+- thinking and redacted_thinking blocks appear in assistant messages only, and an
+  assistant message that holds any must start with one ("If an assistant message
+  contains any thinking blocks, the first block must be thinking or redacted_thinking");
+- with thinking enabled, the current tool-use cycle (the messages after the last user
+  message that answers no tool call) must start its first assistant message with a
+  thinking block when the request ends inside it ("a final assistant message must start
+  with a thinking block (preceding the lastmost set of tool_use and tool_result blocks)");
+- with thinking disabled, a final assistant message cannot contain thinking;
+- thinking of earlier, finished turns is accepted and ignored (stripped by the API).
+Server tools run inside one assistant message: each `server_tool_use` has its result
+(same id) later in that message, and each such result follows its call. At most four
+blocks carry `cache_control`. Block types a newer API added pass unchecked.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-BLOCK_TYPES = {"user": {"text", "tool_result"}, "assistant": {"text", "tool_use"}}
+from contextlog.schema.blocks import KNOWN_RESULT_TYPES, KNOWN_TYPES
+
+THINKING = {"thinking", "redacted_thinking"}
+SERVER_RESULTS = {t for t in KNOWN_TYPES if t.endswith("_tool_result") and t != "tool_result"}
+BLOCK_TYPES = {
+    "user": {"text", "image", "document", "search_result", "tool_result", "container_upload"},
+    "assistant": {"text", "tool_use", "server_tool_use", "container_upload"}
+    | THINKING
+    | SERVER_RESULTS,
+}
+MAX_CACHE_BREAKPOINTS = 4
 
 
-def check_messages(messages: list[dict[str, Any]]) -> list[str]:
-    """Every rule the request breaks (empty when valid)."""
+def check_messages(messages: list[dict[str, Any]], *, thinking: bool | None = None) -> list[str]:
+    """Every rule the request breaks (empty when valid); `thinking`: whether the request
+    enables extended thinking (None: check only the rules that hold either way)."""
     errors: list[str] = []
     tool_ids: set[str] = set()
     for i, m in enumerate(messages):
@@ -34,6 +59,13 @@ def check_messages(messages: list[dict[str, Any]]) -> list[str]:
             continue
         errors += _check_blocks(where, m["role"], content, tool_ids)
         errors += _check_pairing(i, messages)
+    errors += _check_final(messages, thinking)
+    errors += _check_cache(messages)
+    return errors
+
+
+def _check_final(messages: list[dict[str, Any]], thinking: bool | None) -> list[str]:
+    errors = []
     if messages and messages[-1].get("role") == "assistant":
         last = messages[-1]["content"]
         tail = (
@@ -43,27 +75,112 @@ def check_messages(messages: list[dict[str, Any]]) -> list[str]:
         )
         if tail != tail.rstrip():
             errors.append("final assistant content cannot end with trailing whitespace")
+        if thinking is False and any(_kind(b) in THINKING for b in _list(last)):
+            errors.append(
+                f"messages.{len(messages) - 1}: When thinking is disabled, an assistant"
+                " message in the final position cannot contain thinking"
+            )
+    if thinking:
+        errors += _check_cycle(messages)
     return errors
+
+
+def _check_cycle(messages: list[dict[str, Any]]) -> list[str]:
+    """With thinking on, a request ending inside a tool-use cycle starts it with thinking."""
+    clean = [i for i, m in enumerate(messages) if m.get("role") == "user" and _clean(m)]
+    start = clean[-1] + 1 if clean else 0
+    first = next(
+        (i for i in range(start, len(messages)) if messages[i]["role"] == "assistant"), None
+    )
+    if first is None:
+        return []
+    blocks = _list(messages[first]["content"])
+    if blocks and _kind(blocks[0]) in THINKING:
+        return []
+    return [
+        f"messages.{first}.content.0.type: Expected thinking or redacted_thinking. When"
+        " thinking is enabled, a final assistant message must start with a thinking block"
+        " (preceding the lastmost set of tool_use and tool_result blocks)"
+    ]
+
+
+def _clean(m: dict[str, Any]) -> bool:
+    return not any(_kind(b) == "tool_result" for b in _list(m.get("content")))
+
+
+def _list(content: Any) -> list[Any]:
+    return content if isinstance(content, list) else []
+
+
+def _kind(block: Any) -> Any:
+    return block.get("type") if isinstance(block, dict) else None
+
+
+def _check_cache(messages: list[dict[str, Any]]) -> list[str]:
+    count = 0
+    for m in messages:
+        for b in _list(m.get("content")):
+            count += "cache_control" in b
+            count += sum(
+                "cache_control" in x for x in _list(b.get("content")) if isinstance(x, dict)
+            )
+    if count > MAX_CACHE_BREAKPOINTS:
+        return [f"A maximum of {MAX_CACHE_BREAKPOINTS} blocks with cache_control may be provided"]
+    return []
 
 
 def _check_blocks(where: str, role: str, content: list[Any], tool_ids: set[str]) -> list[str]:
     errors = []
     seen_other = False
+    if any(_kind(b) in THINKING for b in content) and _kind(content[0]) not in THINKING:
+        errors.append(
+            f"{where}.content.0: If an assistant message contains any thinking blocks, the"
+            " first block must be thinking or redacted_thinking"
+        )
     for j, b in enumerate(content):
         kind = b.get("type")
-        if kind not in BLOCK_TYPES[role]:
+        known = kind in KNOWN_TYPES
+        if known and kind not in BLOCK_TYPES[role]:
             errors.append(f"{where}.content.{j}: {kind} is not allowed in a {role} message")
         if kind == "text" and not str(b.get("text", "")).strip():
             errors.append(f"{where}.content.{j}: text content blocks must be non-empty")
-        if kind == "tool_use":
+        if kind in ("tool_use", "server_tool_use"):
             if b.get("id") in tool_ids:
                 errors.append(f"{where}.content.{j}: tool_use ids must be unique")
             tool_ids.add(b.get("id", ""))
             if not isinstance(b.get("input"), dict):
                 errors.append(f"{where}.content.{j}.input: must be an object")
+        if kind == "thinking" and not isinstance(b.get("signature"), str):
+            errors.append(f"{where}.content.{j}.signature: Field required")
+        if kind == "tool_result":
+            errors += [
+                f"{where}.content.{j}.content.{k}: {_kind(x)} is not allowed in a tool_result"
+                for k, x in enumerate(_list(b.get("content")))
+                if _kind(x) in KNOWN_TYPES and _kind(x) not in KNOWN_RESULT_TYPES
+            ]
         if kind == "tool_result" and seen_other:
             errors.append(f"{where}.content.{j}: tool_result blocks must come first")
         seen_other = seen_other or kind != "tool_result"
+    if role == "assistant":
+        errors += _check_server_tools(where, content)
+    return errors
+
+
+def _check_server_tools(where: str, content: list[Any]) -> list[str]:
+    errors = []
+    calls: set[str] = set()
+    answered: set[str] = set()
+    for j, b in enumerate(content):
+        if _kind(b) == "server_tool_use":
+            calls.add(b.get("id"))
+        elif _kind(b) in SERVER_RESULTS:
+            if b.get("tool_use_id") not in calls:
+                errors.append(f"{where}.content.{j}: server tool result without its call")
+            answered.add(b.get("tool_use_id"))
+    errors += [
+        f"{where}: server_tool_use {c} has no result in the same message"
+        for c in sorted(calls - answered)
+    ]
     return errors
 
 

@@ -212,8 +212,16 @@ def client_for(fake: FakeAPI, *, timeout: float = 5.0) -> anthropic.Anthropic:
 class FakeAPIServer:
     """A Messages API on 127.0.0.1 that answers every valid request after `latency` seconds."""
 
-    def __init__(self, *, latency: float = 0.2, text: str = DEFAULT_TEXT, port: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        latency: float = 0.2,
+        text: str = DEFAULT_TEXT,
+        port: int = 0,
+        drip: float | None = None,
+    ) -> None:
         self.latency = latency
+        self.drip = drip  # seconds between bytes: the whole answer, status line first
         self.text = text
         self._served = 0
         self._lock = threading.Lock()
@@ -264,11 +272,26 @@ class FakeAPIServer:
             def do_POST(self) -> None:
                 status, body = server._answer(self.path, self._body())
                 payload = json.dumps(body).encode()
+                if server.drip is not None:
+                    self._drip(status, payload, server.drip)
+                    return
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)
+
+            def _drip(self, status: int, payload: bytes, every: float) -> None:
+                head = (
+                    f"HTTP/1.1 {status} OK\r\ncontent-type: application/json\r\n"
+                    f"content-length: {len(payload)}\r\n\r\n"
+                ).encode()
+                with contextlib.suppress(OSError):  # the client gave up: fine
+                    for i in range(len(head + payload)):
+                        self.wfile.write((head + payload)[i : i + 1])
+                        self.wfile.flush()
+                        time.sleep(every)
+                self.close_connection = True
 
             def _body(self) -> object:
                 raw = self.rfile.read(int(self.headers.get("content-length") or 0))

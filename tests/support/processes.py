@@ -13,6 +13,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def offline_env(database_url: str, redis_url: str, **extra: str) -> dict[str, str]:
+    """The environment of a `contextlog` process in a test: this test's servers, four
+    shards, and no API key (summaries by the local summarizer, never the network)."""
+    return {
+        **{k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"},
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "CONTEXTLOG_SHARDS": "4",
+        **extra,
+    }
+
+
 class Process:
     """One `contextlog <command>` in its own process group (RQ's scheduler is a child)."""
 
@@ -33,7 +45,7 @@ class Process:
             log.write(f"--- {self.command} #{self.starts} started ---\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "worker.cli", self.command, *self.argv_extra],
+                [sys.executable, "-m", "contextlog.worker.cli", self.command, *self.argv_extra],
                 env=self.env,
                 cwd=ROOT,
                 stdin=subprocess.DEVNULL,

@@ -9,9 +9,9 @@ from contextlib import contextmanager
 
 import psycopg
 
-from worker import bootstrap
-from worker.config import Settings
-from worker.ingest import Ingest
+from contextlog.worker import bootstrap
+from contextlog.worker.config import Settings
+from contextlog.worker.ingest import Ingest
 
 
 def settings_for(database_url: str, redis_url: str, **extra: str) -> Settings:

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 import redis
 
-from worker.eventlog import migrate
+from contextlog.worker.eventlog import migrate
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
@@ -60,6 +60,29 @@ def redis_or_skip(url: str | None) -> redis.Redis:
     except redis.RedisError as e:
         unavailable("Redis (REDIS_URL)", str(e))
     return client
+
+
+# Written into every Redis database the suite or the benchmarks flush, so that the next
+# flush knows the keys there are ours. Outside the contextlog:* namespace on purpose.
+OWNED_MARK = "tests:flushed-by-contextlog-tests"
+
+
+class NotOurs(Exception):
+    """Raised when a Redis database to flush holds keys a test run did not write."""
+
+
+def flush_owned(client: redis.Redis) -> None:
+    """FLUSHDB, but only a database that is empty or that a test run marked as its own:
+    a REDIS_URL exported for the application must never lose its data to `make test`."""
+    size = int(client.dbsize())
+    if size and not client.exists(OWNED_MARK):
+        db = client.connection_pool.connection_kwargs.get("db", 0)
+        raise NotOurs(
+            f"Redis database {db} holds {size} keys that no test run wrote; refusing to flush"
+            " it. Point REDIS_URL at an empty database (e.g. redis://127.0.0.1:6379/15)."
+        )
+    client.flushdb()
+    client.set(OWNED_MARK, "1")
 
 
 def truncate(url: str) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from schema.errors import ConfigError
-from worker.config import Settings
+from contextlog.schema.errors import ConfigError
+from contextlog.worker.config import Settings
 
 
 def test_defaults_when_nothing_is_set() -> None:
@@ -43,9 +43,29 @@ def test_values_are_parsed() -> None:
         ("CONTEXTLOG_LEASE_SECONDS", "0.1", "CONTEXTLOG_LEASE_SECONDS must be between"),
         ("CONTEXTLOG_LOG_LEVEL", "loud", "CONTEXTLOG_LOG_LEVEL must be one of"),
         ("CONTEXTLOG_SHARDS", "x", "CONTEXTLOG_SHARDS is not a whole number"),
+        ("REDIS_URL", "redis://127.0.0.1:6379/99x", "REDIS_URL names database '99x'"),
+        ("REDIS_URL", "redis://127.0.0.1:6379/1/2", "REDIS_URL names database '1/2'"),
+        ("REDIS_URL", "redis://127.0.0.1:6379?db=x", "REDIS_URL names database 'x'"),
+        ("REDIS_URL", "unix:///tmp/r.sock?db=1a", "REDIS_URL names database '1a'"),
+        ("REDIS_URL", "redis://127.0.0.1:port/1", "REDIS_URL has a port that is not a number"),
     ],
 )
 def test_bad_value_names_the_variable(name: str, value: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         Settings.from_env({name: value})
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:6379/13",
+        "redis://127.0.0.1",
+        "redis://127.0.0.1:6379/",
+        "rediss://user:pw@h:6380/0?ssl_cert_reqs=none",
+        "redis://h:6379?db=3",
+        "unix:///tmp/r.sock?db=3",
+    ],
+)
+def test_redis_urls_with_a_database_number_or_none_are_accepted(url: str) -> None:
+    assert Settings.from_env({"REDIS_URL": url}).redis_url == url

@@ -7,8 +7,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producers.context import StoredMessage, build_context, estimate_tokens
+from contextlog.producers.context import THINKING, StoredMessage, build_context, estimate_tokens
 from tests.support.anthropic_rules import check_messages
+from tests.support.blocks import conversation
 
 
 def msg(seq: int, role: str, content: Any, tokens: int = 10) -> StoredMessage:
@@ -141,3 +142,109 @@ def test_to_anthropic_omits_an_empty_system() -> None:
 def test_estimate_tokens_is_about_four_characters_a_token() -> None:
     assert estimate_tokens("x" * 400) == 100
     assert estimate_tokens([{"type": "text", "text": "x" * 40}, result("a")]) == 10
+
+
+def _stored(convo: list[tuple[str, Any]]) -> list[StoredMessage]:
+    return [
+        msg(seq, role, content, estimate_tokens(content))
+        for seq, (role, content) in enumerate(convo, 1)
+    ]
+
+
+def _thinking_outside_the_current_cycle(messages: list[dict[str, Any]]) -> bool:
+    clean = [
+        i
+        for i, m in enumerate(messages)
+        if m["role"] == "user" and not any(b["type"] == "tool_result" for b in m["content"])
+    ]
+    last = clean[-1] if clean else -1
+    return any(
+        b["type"] in ("thinking", "redacted_thinking")
+        for m in messages[:last]
+        for b in m["content"]
+    )
+
+
+@settings(max_examples=400)
+@given(
+    think=st.booleans(),
+    data=st.data(),
+    start=st.integers(0, 60),
+    budget=st.integers(1, 5000),
+)
+def test_thinking_and_every_block_type_stay_valid_under_any_cut(
+    think: bool, data: st.DataObject, start: int, budget: int
+) -> None:
+    """A window edge, clear or restore (the window starts anywhere) and a budget cut
+    anywhere: the context obeys the API's rules with thinking on or off."""
+    log = _stored(data.draw(conversation(think)))
+    window = log[start:]
+    ctx = build_context(window, budget=budget)
+    assert check_messages(ctx.messages, thinking=think) == []
+    assert not _thinking_outside_the_current_cycle(ctx.messages)
+    blocks = [b for m in ctx.messages for b in m["content"]]
+    assert not any("cache_control" in b for b in blocks)
+    # Thinking that is kept is the block posted, in the order posted.
+    posted = [
+        b
+        for m in window
+        if isinstance(m.content, list)
+        for b in m.content
+        if b.get("type") in THINKING
+    ]
+    kept = [b for b in blocks if b["type"] in THINKING]
+    assert all(any(k is p for p in posted) for k in kept)
+    order = [next(i for i, p in enumerate(posted) if p is k) for k in kept]
+    assert order == sorted(order)
+
+
+def test_thinking_of_finished_turns_is_dropped_and_not_counted() -> None:
+    think = {"type": "thinking", "thinking": "x" * 4000, "signature": "sig"}
+    log = _stored(
+        [
+            ("user", "q1"),
+            ("assistant", [think, use("a")]),
+            ("user", [result("a")]),
+            ("assistant", "a1"),
+            ("user", "q2"),
+            ("assistant", [{**think, "signature": "sig2"}, use("b")]),
+            ("user", [result("b")]),
+        ]
+    )
+    ctx = build_context(log, budget=10**6)
+    assert ctx.messages[1]["content"] == [use("a")]  # a finished cycle: no thinking
+    assert ctx.messages[5]["content"][0]["signature"] == "sig2"  # the current one keeps it
+    assert ctx.token_estimate < 2000  # the 1000 tokens of the old thinking do not count
+    assert check_messages(ctx.messages, thinking=True) == []
+
+
+def test_a_window_starting_inside_a_thinking_cycle_starts_after_it() -> None:
+    think = {"type": "thinking", "thinking": "plan", "signature": "s"}
+    log = _stored(
+        [
+            ("user", "q1"),
+            ("assistant", [think, use("a")]),
+            ("user", [result("a"), {"type": "text", "text": "also"}]),
+            ("assistant", [use("b")]),  # a continuation: no thinking of its own
+            ("user", [result("b")]),
+            ("assistant", "done"),
+            ("user", "q2"),
+        ]
+    )
+    for start in range(len(log)):
+        ctx = build_context(log[start:], budget=10**6)
+        assert check_messages(ctx.messages, thinking=True) == []
+    assert build_context(log[2:], budget=10**6).messages == [
+        {"role": "user", "content": [{"type": "text", "text": "q2"}]}
+    ]
+
+
+def test_cache_control_is_not_kept_in_history() -> None:
+    marked = {"type": "text", "text": "big doc", "cache_control": {"type": "ephemeral"}}
+    res = {"type": "tool_result", "tool_use_id": "a", "content": [marked]}
+    ctx = build_context(
+        _stored([("user", [marked] * 5), ("assistant", [use("a")]), ("user", [res])]), budget=10**6
+    )
+    assert ctx.messages[0]["content"] == [{"type": "text", "text": "big doc"}] * 5
+    assert ctx.messages[2]["content"][0]["content"] == [{"type": "text", "text": "big doc"}]
+    assert marked["cache_control"] == {"type": "ephemeral"}  # stored blocks are not mutated

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schema import codec
-from schema import events as ev
-from schema.errors import EventRejected, EventTooLarge
+from contextlog.schema import codec
+from contextlog.schema import events as ev
+from contextlog.schema.errors import EventRejected, EventTooLarge
 
 T0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 EID = "01a20134-0bd6-74d9-a389-a82c876e4360"
@@ -48,6 +48,13 @@ COMMON: dict[str, Any] = {
     "channel": "general",
     "occurred_at": T0,
 }
+
+
+def raw_blocks(*blocks: msgspec.Struct) -> list[msgspec.Raw]:
+    """Blocks as a message carries them: the JSON posted."""
+    return [msgspec.Raw(msgspec.json.encode(b)) for b in blocks]
+
+
 EXAMPLES: list[ev.Event] = [
     ev.MessagePosted(
         role="user",
@@ -60,21 +67,21 @@ EXAMPLES: list[ev.Event] = [
     ),
     ev.MessagePosted(
         role="assistant",
-        content=[
+        content=raw_blocks(
             ev.TextBlock(text="looking"),
             ev.ToolUseBlock(
                 id="toolu_1", name="get_weather", input=msgspec.Raw(b'{"city":"Oslo"}')
             ),
-        ],
+        ),
         **COMMON,
     ),
     ev.MessagePosted(
         role="user",
-        content=[
+        content=raw_blocks(
             ev.ToolResultBlock(
-                tool_use_id="toolu_1", content=[ev.TextBlock(text="4C")], is_error=True
+                tool_use_id="toolu_1", content=raw_blocks(ev.TextBlock(text="4C")), is_error=True
             ),
-        ],
+        ),
         **COMMON,
     ),
     ev.ContextCleared(**COMMON),
@@ -100,7 +107,8 @@ EXAMPLES: list[ev.Event] = [
 
 @pytest.mark.parametrize("event", EXAMPLES, ids=lambda e: ev.kind_of(e))
 def test_every_event_type_round_trips(event: ev.Event) -> None:
-    assert codec.decode(codec.encode(event)) == event
+    # Content blocks come back as the raw JSON posted: compare what goes on the wire.
+    assert codec.encode(codec.decode(codec.encode(event))) == codec.encode(event)
 
 
 def test_tags_are_versioned_and_unique() -> None:
@@ -186,3 +194,67 @@ def test_decoder_survives_interpreter_shutdown() -> None:
     for _ in range(8):
         done = subprocess.run([sys.executable, "-c", "import schema.codec"], check=False)
         assert done.returncode == 0
+
+
+_HEAD = (
+    b'{"type":"message.v1","event_id":"0192f5a0-0000-7000-8000-000000000001",'
+    b'"agent":"a","channel":"c","occurred_at":"2026-01-01T00:00:00Z","role":"user",'
+)
+
+
+@pytest.mark.parametrize(
+    ("body", "reason", "needle"),
+    [
+        (b'"content":"caf\xe9"}', codec.MALFORMED, "UTF-8"),  # Latin-1 from another language
+        (b'"content":"\xff\xfe"}', codec.MALFORMED, "UTF-8"),
+        (b'"content":"x","extra":' + b"[" * 2000 + b"]" * 2000 + b"}", codec.INVALID, "nests"),
+        (
+            b'"content":[{"type":"tool_use","id":"t","name":"n","input":{"a":'
+            + b"[" * 990
+            + b"]" * 990
+            + b"}}]}",
+            codec.INVALID,
+            "nests 994 levels",
+        ),
+        (b'"content":"x"' + b"}" * 3000, codec.MALFORMED, "UTF-8 JSON"),
+    ],
+)
+def test_any_undecodable_entry_is_rejected_with_a_reason(
+    body: bytes, reason: str, needle: str
+) -> None:
+    """Invalid UTF-8 and deep nesting raised UnicodeDecodeError / RecursionError, which
+    stopped ingest for every conversation; they are rejections like any other."""
+    with pytest.raises(EventRejected) as caught:
+        codec.decode(_HEAD + body)
+    assert caught.value.reason == reason
+    assert needle in caught.value.detail
+
+
+@pytest.mark.parametrize(
+    "at",
+    [
+        "9999-12-31T23:59:00Z",
+        "0001-01-01T00:00:00+14:00",
+        "1969-12-31T23:59:59Z",
+        "2100-01-01T00:00:00Z",
+    ],
+)
+def test_times_out_of_range_are_rejected(at: str) -> None:
+    data = _HEAD.replace(b"2026-01-01T00:00:00Z", at.encode()) + b'"content":"x"}'
+    with pytest.raises(EventRejected, match="occurred_at must be from 1970-01-01"):
+        codec.decode(data)
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
+    text = "[{" * 5000
+    event = codec.decode(_HEAD + b'"content":"' + text.encode() + b'"}')
+    assert isinstance(event, ev.MessagePosted) and event.content == text
+    assert codec.nesting(b'{"a":[{"b":"]]]}}"}]}') == 3
+
+
+def test_stored_events_read_back_without_the_newer_rules() -> None:
+    """The log keeps what was accepted then: reading it back skips rules added since."""
+    old = _HEAD.replace(b"2026-01-01T00:00:00Z", b"2150-01-01T00:00:00Z") + b'"content":"x"}'
+    with pytest.raises(EventRejected):
+        codec.decode(old)
+    assert codec.decode(old, check=False).occurred_at.year == 2150

@@ -41,9 +41,7 @@ from slack_bolt.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.web.async_client import AsyncWebClient
 
-from examples import discord_bot as db
-from examples import slack_bot as sb
-from producers import (
+from contextlog.producers import (
     AsyncNotifications,
     AsyncProducer,
     ConfigError,
@@ -51,13 +49,15 @@ from producers import (
     SessionPage,
     Unavailable,
 )
-from producers.history import SessionInfo
-from schema import codec, keys
-from schema import events as ev
-from schema import notices as nt
-from schema.notices import Notice
+from contextlog.producers.history import SessionInfo
+from contextlog.schema import codec, keys
+from contextlog.schema import events as ev
+from contextlog.schema import notices as nt
+from contextlog.schema.notices import Notice
+from contextlog.worker.notify import RedisNotifier
+from examples import discord_bot as db
+from examples import slack_bot as sb
 from tests.support.fake_anthropic import FakeAPI, Outcome
-from worker.notify import RedisNotifier
 
 T0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 SHARDS = 4

@@ -9,11 +9,12 @@ from collections.abc import Iterator
 import fakeredis
 import pytest
 from rq import Queue
+from rq.job import Job
 
-from schema import events as ev
-from worker import idle
-from worker.clock import FakeClock
-from worker.idle import IdleState, Timers
+from contextlog.schema import events as ev
+from contextlog.worker import idle
+from contextlog.worker.clock import FakeClock
+from contextlog.worker.idle import IdleState, Timers
 
 A, C = "alpha", "general"
 T0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
@@ -163,6 +164,20 @@ def test_a_dead_job_is_not_live_but_a_scheduled_one_is(timers: Timers) -> None:
     assert timers.live([timer.job, "idle-gone"], T0) == [True, False]
     Queue(idle.IDLE, connection=timers.redis).scheduled_job_registry.remove(timer.job)
     timers.redis.delete(f"rq:job:{timer.job}")  # Redis lost it
+    assert timers.live([timer.job], T0) == [False]
+
+
+def test_a_job_popped_by_a_worker_that_died_before_starting_it_is_dead(timers: Timers) -> None:
+    """SIGKILL between RQ's BLPOP and its 'started' mark: the job is in no list and its
+    status stays 'queued' for ever. The sweep took it for alive, and the conversation was
+    never saved (1 in 300 in the idle SIGKILL test)."""
+    timers.arm_many([(A, C, T0)], T0)
+    timer = timers.read(A, C)
+    assert timer is not None
+    queue = Queue(idle.IDLE, connection=timers.redis)
+    queue.enqueue_job(Job.fetch(timer.job, connection=timers.redis))  # due: the scheduler moved it
+    assert timers.live([timer.job], T0) == [True]
+    timers.redis.lrem(queue.key, 0, timer.job)  # popped, then the worker was killed
     assert timers.live([timer.job], T0) == [False]
 
 

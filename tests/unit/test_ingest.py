@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -11,15 +12,15 @@ import fakeredis
 import pytest
 from structlog.testing import capture_logs
 
-from producers import Producer
-from schema import codec, keys
-from schema import events as ev
-from schema.errors import Unavailable
-from worker.clock import FakeClock
-from worker.config import Settings
-from worker.eventlog import Accepted, MemoryEventLog
-from worker.ingest import Ingest
-from worker.streams import Streams
+from contextlog.producers import Producer
+from contextlog.schema import codec, keys
+from contextlog.schema import events as ev
+from contextlog.schema.errors import Unavailable
+from contextlog.worker.clock import FakeClock
+from contextlog.worker.config import Settings
+from contextlog.worker.eventlog import Accepted, MemoryEventLog
+from contextlog.worker.ingest import Ingest
+from contextlog.worker.streams import Streams
 
 SHARDS = 4
 
@@ -267,9 +268,9 @@ def test_stop_ends_the_loop_after_the_batch_in_hand_and_releases_leases(h: Harne
     eid = h.producer.post_message("alpha", "general", "user", "hi")
     original_process = ing.process
 
-    def process_then_stop(*args: object, **kwargs: object) -> None:
+    def process_then_stop(*args: object, **kwargs: object) -> bool:
         ing.stop.set()  # SIGTERM arrives while a batch is in hand
-        original_process(*args, **kwargs)  # type: ignore[arg-type]
+        return original_process(*args, **kwargs)  # type: ignore[arg-type]
 
     ing.process = process_then_stop  # type: ignore[method-assign]
     assert ing.run() == 0
@@ -349,3 +350,174 @@ def test_many_deliveries_alone_do_not_condemn_an_entry(h: Harness) -> None:
     h.drain(h.ingest())
     assert h.dead() == [] and [e for _, e in h.stored()] == [eid]
     assert h.redis.get(keys.inflight(shard)) is None  # the marker is cleared after use
+
+
+def test_undecodable_raw_entries_are_dead_lettered_and_ingest_carries_on(h: Harness) -> None:
+    """Invalid UTF-8 (Latin-1 from an adapter in another language) and deep nesting
+    raised out of decoding and stopped every ingest process on every start."""
+    head = (
+        b'{"type":"message.v1","event_id":"0192f5a0-0000-7000-8000-0000000000%02d",'
+        b'"agent":"alpha","channel":"general","occurred_at":"%s","role":"user",'
+    )
+    bad = [
+        head % (1, b"2026-01-01T00:00:00Z") + b'"content":"caf\xe9"}',
+        head % (2, b"2026-01-01T00:00:00Z")
+        + b'"content":"x","x":'
+        + b"[" * 2000
+        + b"]" * 2000
+        + b"}",
+        head % (3, b"9999-12-31T23:59:00Z") + b'"content":"x"}',
+        head % (4, b"0001-01-01T00:00:00+14:00") + b'"content":"x"}',
+    ]
+    ids = [h.producer.post_message("alpha", "general", "user", "before")]
+    for payload in bad:
+        h.raw_entry({codec.ENTRY_FIELD: payload})
+    ids.append(h.producer.post_message("alpha", "general", "user", "after"))
+    ing = h.ingest()
+    h.drain(ing)
+    assert ing.crashes == 0
+    assert [eid for _, eid in h.stored()] == ids
+    assert [d[b"reason"] for d in h.dead()] == [b"malformed", b"invalid", b"invalid", b"invalid"]
+    assert [d[b"orig:e"] for d in h.dead()] == bad
+    assert h.pending() == 0
+
+
+def test_an_exception_anywhere_in_the_pipeline_is_survived_and_its_entry_isolated(
+    h: Harness,
+) -> None:
+    """A bug or an entry our code cannot take raises inside a pass: ingest does not die
+    (under honcho that stops the whole stack); it retries as a restart would, and the
+    poison rule dead-letters the entry that keeps raising. The rest land in order."""
+    ids = [h.producer.post_message("alpha", "general", "user", f"m{i}") for i in range(6)]
+    culprit = ids[2]
+    real_append = h.log.append
+
+    def append(shard: int, epoch: int, batch: Sequence[Accepted]) -> int:
+        if any(str(a.event.event_id) == culprit for a in batch):
+            raise OverflowError("date value out of range")
+        return real_append(shard, epoch, batch)
+
+    h.log.append = append  # type: ignore[method-assign]
+    ing = h.ingest()
+    h.drain(ing, steps=12)
+    assert 1 <= ing.crashes <= 6
+    assert [eid for _, eid in h.stored()] == ids[:2] + ids[3:]
+    [dead] = h.dead()
+    assert dead[b"reason"] == b"poison" and culprit.encode() in dead[b"orig:e"]
+    assert h.pending() == 0
+    assert h.redis.get(keys.inflight(keys.shard_of("alpha", "general", SHARDS))) is None
+
+
+def test_an_entry_that_crashes_decoding_is_isolated_too(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = [h.producer.post_message("alpha", "general", "user", f"m{i}") for i in range(3)]
+    real = codec.decode_fields
+
+    def decode_fields(fields: dict[bytes, bytes], cap: int) -> ev.AnyEvent:
+        event = real(fields, cap)
+        if str(event.event_id) == ids[1]:
+            raise Crash  # as a segfault in a decoder would: the process dies
+        return event
+
+    monkeypatch.setattr(codec, "decode_fields", decode_fields)
+    restarts = 0
+    while not h.dead():
+        try:
+            h.drain(h.ingest("ingest-1"), steps=2)
+        except Crash:
+            restarts += 1
+        assert restarts <= 6
+    h.drain(h.ingest("ingest-1"), steps=2)
+    assert [eid for _, eid in h.stored()] == [ids[0], ids[2]]
+    assert h.dead()[0][b"reason"] == b"poison"
+
+
+def test_entries_handed_to_a_stalled_former_owner_are_stored_before_newer_ones(
+    h: Harness,
+) -> None:
+    """A stalled owner's blocking read is served while it sleeps, after its successor
+    took over: those entries are older than what the successor reads next, and must be
+    stored first (they were stored last, out of order)."""
+    shard = keys.shard_of("alpha", "general", SHARDS)
+    a = h.ingest("a")
+    a.rebalance()
+    assert shard in a.owned
+    h.redis.delete(keys.lease(shard))  # a's lease ran out while it was stopped
+    a.stop.set()  # a sleeps from here on: it never runs another pass
+    b = h.ingest("b")
+    h.drain(b, steps=2)
+    assert shard in b.owned
+    older = [h.producer.post_message("alpha", "general", "user", f"old{i}") for i in range(5)]
+    a.streams.read_new([shard], 100, 1)  # a's blocking read, served while it sleeps
+    newer = [h.producer.post_message("alpha", "general", "user", f"new{i}") for i in range(5)]
+    h.drain(b, steps=2)
+    assert [eid for _, eid in h.stored()] == older + newer
+    assert h.pending() == 0
+
+
+def test_a_long_recovery_keeps_its_leases(h: Harness) -> None:
+    """Storing redelivered entries takes a while; the owner renews its leases on the way
+    instead of losing them half-way (a successor would then store newer entries first)."""
+    for i in range(30):
+        h.producer.post_message("alpha", "general", "user", f"m{i}")
+    shard = keys.shard_of("alpha", "general", SHARDS)
+    crashy = Streams(h.redis, "crashy")
+    crashy.ensure_group(shard)
+    crashy.read_new([shard], 100, 1)
+    crashy.mark_inflight(shard, *[e for e, _ in crashy.read_own_pending(shard)][::29])
+    ing = h.ingest("b")  # 6 s leases; suspects are stored one at a time
+    real_append = h.log.append
+
+    def slow_append(shard: int, epoch: int, batch: Sequence[Accepted]) -> int:
+        h.clock.advance(1)  # each store takes a second of the 6 s lease
+        return real_append(shard, epoch, batch)
+
+    h.log.append = slow_append  # type: ignore[method-assign]
+    renewals: list[float] = []
+    real_renew = ing.streams.renew
+
+    def renew(shards: Sequence[int], ttl_ms: int) -> list[int]:
+        renewals.append(h.clock.monotonic())
+        return real_renew(shards, ttl_ms)
+
+    ing.streams.renew = renew  # type: ignore[method-assign]
+    h.drain(ing, steps=2)
+    assert len(h.stored()) == 30
+    gaps = [b - a for a, b in itertools.pairwise(renewals)]
+    assert len(renewals) >= 10 and max(gaps) <= 3
+
+
+def test_crashes_and_unclean_exits_are_recorded_for_status(h: Harness) -> None:
+    from contextlog.worker.streams import recent_failures
+
+    clean = h.ingest("clean")
+    clean.stop.set()
+    clean.run()  # a clean stop takes its start note back
+    dead = Streams(h.redis, "killed")
+    dead.record_start(1_000)  # started, then SIGKILLed: no stop note
+    live = Streams(h.redis, "live")
+    live.record_start(2_000)
+    live.record_crash(3_000, "OverflowError: date value out of range")
+    live.record_start(4_000)  # restarted under the same name, and running
+    failures = recent_failures(h.redis, ["live"], 0)
+    assert [(f.consumer, f.at_ms) for f in failures] == [
+        ("killed", 1_000),
+        ("live", 2_000),
+        ("live", 3_000),
+    ]
+    assert "OverflowError" in failures[2].error
+
+
+def test_dead_letters_of_oversized_entries_keep_a_prefix_and_the_stream_is_capped(
+    h: Harness,
+) -> None:
+    from contextlog.worker.streams import DEAD_LETTER_CAP, ORIG_PREFIX
+
+    huge = b'{"type":"message.v1","content":"' + b"x" * 600_000 + b'"}'
+    h.raw_entry({codec.ENTRY_FIELD: huge})
+    h.drain(h.ingest())
+    [dead] = h.dead()
+    assert dead[b"reason"] == b"oversized"
+    assert dead[b"orig:e"] == huge[:ORIG_PREFIX] and int(dead[b"orig_bytes:e"]) == len(huge)
+    assert 1_000 <= DEAD_LETTER_CAP <= 1_000_000

@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from schema import keys
-from schema.errors import ConfigError
+from contextlog.schema import keys
+from contextlog.schema.errors import ConfigError
 
 
 def test_shard_is_stable_across_processes() -> None:

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 from contextlib import aclosing
 from typing import Any
 
 import fakeredis
 import msgspec
 import pytest
-from structlog.testing import capture_logs
 
-from producers.notifications import AsyncNotifications, Notifications, _entries
-from schema import keys
-from schema import notices as nt
-from schema.errors import EventRejected
-from schema.notices import Notice
-from worker.notify import MemoryNotifier, RedisNotifier
+from contextlog.producers.notifications import AsyncNotifications, Notifications, _entries
+from contextlog.schema import keys
+from contextlog.schema import notices as nt
+from contextlog.schema.errors import EventRejected
+from contextlog.schema.notices import Notice
+from contextlog.worker.notify import MemoryNotifier, RedisNotifier
 
 T0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 
@@ -164,7 +164,10 @@ def test_two_consumers_in_one_group_split_the_entries(
 
 
 def test_bad_entries_are_skipped_acked_and_logged(
-    server: fakeredis.FakeServer, client: Any, notifier: RedisNotifier
+    server: fakeredis.FakeServer,
+    client: Any,
+    notifier: RedisNotifier,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     stream = keys.outbox("discord")
     publish(notifier, notice(1))
@@ -173,27 +176,28 @@ def test_bad_entries_are_skipped_acked_and_logged(
     client.xadd(stream, {nt.ENTRY_FIELD: b'{"notice_id": "n9", "kind": 3}'})
     publish(notifier, notice(2))
     notes = consumer(server)
-    with capture_logs() as logs:
+    with caplog.at_level(logging.WARNING, "contextlog.notifications"):
         got = notes.read(block_ms=None)
     assert [n.notice_id for n in got] == ["n1", "n2"]
-    assert [e["reason"] for e in logs] == ["malformed", "malformed", "invalid"]
-    assert all(e["log_level"] == "warning" and e["stream"] == stream for e in logs)
+    logs = caplog.records
+    assert [getattr(r, "reason", None) for r in logs] == ["malformed", "malformed", "invalid"]
+    assert all(r.levelname == "WARNING" and getattr(r, "stream", None) == stream for r in logs)
     assert pending(client) == 2  # only the good ones wait for their ack
     notes.ack(got)
     assert pending(client) == 0
 
 
 def test_a_pending_entry_trimmed_away_is_acked_and_skipped(
-    server: fakeredis.FakeServer, client: Any
+    server: fakeredis.FakeServer, client: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     small = RedisNotifier(client, maxlen=10)
     publish(small, notice(0))
     assert len(consumer(server).read(block_ms=None)) == 1  # delivered, then the adapter dies
     publish(small, *[notice(i) for i in range(1, 50)])
     restarted = consumer(server)
-    with capture_logs() as logs:
+    with caplog.at_level(logging.WARNING, "contextlog.notifications"):
         assert restarted.read(block_ms=None) == []  # the replayed entry has no fields left
-    assert [e["reason"] for e in logs] == ["malformed"]
+    assert [getattr(r, "reason", None) for r in caplog.records] == ["malformed"]
     rest = restarted.read(block_ms=None)  # what is left after trimming, then nothing pending
     assert rest[-1] == notice(49) and len(rest) < 49
 
@@ -218,15 +222,18 @@ def test_a_notice_published_twice_is_acked_once_for_both(
 
 
 def test_a_destroyed_group_is_recreated(
-    server: fakeredis.FakeServer, client: Any, notifier: RedisNotifier
+    server: fakeredis.FakeServer,
+    client: Any,
+    notifier: RedisNotifier,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     notes = consumer(server)
     assert notes.read(block_ms=None) == []
     client.xgroup_destroy(keys.outbox("discord"), "adapter")
     publish(notifier, notice(1))
-    with capture_logs() as logs:
+    with caplog.at_level(logging.WARNING, "contextlog.notifications"):
         assert notes.read(block_ms=None) == [notice(1)]
-    assert [e["event"] for e in logs] == ["notification group missing, recreating"]
+    assert [r.getMessage() for r in caplog.records] == ["notification group missing, recreating"]
 
 
 @pytest.mark.parametrize("options", [{"decode_responses": True}, {"protocol": 3}])

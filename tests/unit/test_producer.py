@@ -10,12 +10,12 @@ from typing import Any
 import fakeredis
 import pytest
 
-from producers import AsyncProducer, EventRejected, EventTooLarge, Producer
-from producers.commands import parse_duration
-from producers.ids import derived_id, uuid7
-from schema import codec, keys
-from schema import events as ev
-from schema.errors import ConfigError
+from contextlog.producers import AsyncProducer, EventRejected, EventTooLarge, Producer
+from contextlog.producers.commands import parse_duration
+from contextlog.producers.ids import derived_id, uuid7
+from contextlog.schema import blocks, codec, keys
+from contextlog.schema import events as ev
+from contextlog.schema.errors import ConfigError
 
 T0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 
@@ -81,8 +81,9 @@ def test_content_blocks_are_accepted_as_dicts(producer: Producer) -> None:
     )
     [event] = stored(producer, "alpha", "general")
     assert isinstance(event, ev.MessagePosted) and isinstance(event.content, list)
-    assert isinstance(event.content[1], ev.ToolUseBlock)
-    assert bytes(event.content[1].input) == b'{"q":"x"}'
+    block = blocks.check(event.content[1], "$.content[1]")  # kept raw; typed on demand
+    assert isinstance(block, ev.ToolUseBlock)
+    assert bytes(block.input) == b'{"q":"x"}'
 
 
 def test_commands_carry_their_fields(producer: Producer) -> None:
@@ -186,3 +187,67 @@ def test_parse_duration(text: str, seconds: int) -> None:
 def test_parse_duration_refuses_nonsense(text: str) -> None:
     with pytest.raises(ValueError, match="not a duration"):
         parse_duration(text)
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return {"deep": value}
+
+
+@pytest.mark.parametrize(
+    ("call", "needle"),
+    [
+        (lambda p: p.post_message("a", "c", "user", None), "content must be a string"),
+        (lambda p: p.post_message("a", "c", "user", 123), "content must be a string"),
+        (lambda p: p.post_message("a", "c", "user", b"bytes"), "content must be a string"),
+        (lambda p: p.configure("a", "c", idle_timeout=float("nan")), "whole seconds"),
+        (lambda p: p.configure("a", "c", idle_timeout=float("inf")), "whole seconds"),
+        (lambda p: p.configure("a", "c", idle_timeout="10m"), "seconds (a number)"),
+        (lambda p: p.configure("a", "c", idle_timeout=1.9), "whole seconds, got 1.9"),
+        (lambda p: p.configure("a", "c", rolling_window=True), "seconds (a number)"),
+        (lambda p: p.configure("a", "c", token_budget=1.5), "got `float` - at `$.token_budget`"),
+        (
+            lambda p: p.post_message(
+                "a",
+                "c",
+                "assistant",
+                [{"type": "tool_use", "id": "t1", "name": "f", "input": _nested(990)}],
+            ),
+            "nests",
+        ),
+        (
+            lambda p: p.post_message(
+                "a", "c", "user", "x", occurred_at=dt.datetime(9999, 12, 31, 23, 59, tzinfo=dt.UTC)
+            ),
+            "occurred_at must be from 1970-01-01",
+        ),
+        (
+            lambda p: p.post_message(
+                "a",
+                "c",
+                "user",
+                "x",
+                occurred_at=dt.datetime(1, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=14))),
+            ),
+            "occurred_at must be from 1970-01-01",
+        ),
+    ],
+)
+def test_any_bad_argument_is_refused_as_event_rejected(
+    producer: Producer, call: Any, needle: str
+) -> None:
+    """Whatever an adapter passes, a bad value is EventRejected naming it, never a
+    TypeError or ValueError from deep inside, and nothing is sent."""
+    with pytest.raises(EventRejected) as caught:
+        call(producer)
+    assert needle in caught.value.detail
+    assert producer.redis.dbsize() == 0
+
+
+def test_whole_float_seconds_and_timedeltas_are_taken(producer: Producer) -> None:
+    producer.configure("a", "c", idle_timeout=90.0, rolling_window=dt.timedelta(hours=2))
+    [event] = stored(producer, "a", "c")
+    assert isinstance(event, ev.Configured)
+    assert (event.idle_timeout, event.rolling_window) == (90, 7200)

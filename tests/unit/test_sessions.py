@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from producers.context import StoredMessage, build_context
-from schema.errors import Refused
+from contextlog.producers.context import StoredMessage, build_context
+from contextlog.schema.errors import Refused
+from contextlog.worker import archive, sessions
+from contextlog.worker.projection import rounds
 from tests.support.anthropic_rules import check_messages
-from worker import archive, sessions
-from worker.projection import rounds
 
 AT = dt.datetime(2026, 11, 22, 23, 30, tzinfo=dt.timezone(dt.timedelta(hours=-3)))
 

@@ -3,28 +3,34 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import anthropic
+import httpcore2
 import pytest
 from structlog.testing import capture_logs
 
+from contextlog.schema.events import MAX_TEXT
+from contextlog.worker.deadline import Deadlines
+from contextlog.worker.summarize import (
+    FAILED_TEXT,
+    TRUNCATED,
+    AnthropicSummarizer,
+    LocalSummarizer,
+    Summarizer,
+    Summary,
+    make_client,
+    storable,
+    transcript,
+)
 from tests.support.fake_anthropic import (
     FakeAPI,
     FakeAPIServer,
     Outcome,
     check_request,
     client_for,
-)
-from worker.summarize import (
-    FAILED_TEXT,
-    AnthropicSummarizer,
-    LocalSummarizer,
-    Summarizer,
-    Summary,
-    make_client,
-    transcript,
 )
 
 MODEL = "claude-test-1"
@@ -283,3 +289,50 @@ def test_a_real_socket_round_trip_through_make_client(sleeps: Sleeps) -> None:
 def _sentences(text: str) -> list[str]:
     """Sentences, ignoring the full stops inside quotes."""
     return [s for s in re.split(r"(?<=\.)\s+", re.sub(r'"[^"]*"', '""', text)) if s]
+
+
+def test_a_dripping_server_cannot_hold_a_summary_past_its_total_budget() -> None:
+    """Issue 10 item 7: one byte every 20 ms never trips a 1 s read timeout, and the
+    answer (~400 bytes) would take ~8 s per try; the budget is the whole request's."""
+    deadlines = Deadlines()
+    slept: list[float] = []
+    with FakeAPIServer(latency=0, drip=0.02) as server:
+        client = make_client("k", base_url=server.url, timeout=1.0, deadlines=deadlines)
+        summarizer = AnthropicSummarizer(
+            client, "m", attempts=2, sleep=slept.append, deadlines=deadlines, budget=1.0
+        )
+        started = time.monotonic()
+        summary = summarizer.summarize([("user", "hi")])
+        elapsed = time.monotonic() - started
+    assert summary.failed and summary.text == FAILED_TEXT  # marked failed after the retries
+    assert len(slept) == 1  # retried once, on the injected sleep
+    assert elapsed < 3.5, f"held {elapsed:.1f} s with a 1 s budget per try"
+
+
+def test_the_budget_is_per_thread_and_absent_outside_a_request() -> None:
+    now = [0.0]
+    deadlines = Deadlines(monotonic=lambda: now[0])
+    assert deadlines.cap(5.0, "read") == 5.0  # no budget set: untouched
+    with deadlines.within(2.0):
+        assert deadlines.cap(5.0, "read") == 2.0
+        now[0] = 1.5
+        assert deadlines.cap(None, "read") == 0.5
+        now[0] = 2.0
+        with pytest.raises(httpcore2.ReadTimeout):
+            deadlines.cap(5.0, "read")
+    assert deadlines.cap(5.0, "read") == 5.0
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("plain", ("plain", False)),
+        ("a\x00b", ("ab", True)),
+        ("x\ud800y", ("x?y", True)),
+        ("z" * (MAX_TEXT + 5), ("z" * (MAX_TEXT - len(TRUNCATED)) + TRUNCATED, True)),
+    ],
+    ids=["plain", "nul", "lone-surrogate", "too-long"],
+)
+def test_answers_are_made_storable(text: str, expected: tuple[str, bool]) -> None:
+    assert storable(text) == expected
+    assert len(storable(text)[0]) <= MAX_TEXT

@@ -1,0 +1,99 @@
+"""What every `contextlog` subcommand shares: exit codes, a console that prints user data
+literally, clients that fail fast when a server is down, and argument checks."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Final, NoReturn
+
+import psycopg
+import redis
+from psycopg.rows import TupleRow
+from rich.console import Console
+
+from contextlog.producers import ContextReader, Producer
+from contextlog.schema.errors import Unavailable
+from contextlog.worker.config import Settings
+
+EXIT_UNHEALTHY: Final = 1
+EXIT_ERROR: Final = 2  # bad input, bad configuration, a refused request
+EXIT_UNAVAILABLE: Final = 3  # Postgres or Redis cannot be reached
+# libpq's smallest connect_timeout. A command run by hand (or by a health check) should
+# say a server is down in a moment, not after the pool's 10 s wait.
+CONNECT_TIMEOUT_S: Final = 2
+
+# Markup, emoji codes and highlighting off: names, messages and dead letters are user
+# data and must print as they are ("[/x]" once crashed `dead-letters`). Styles are given
+# with `rich.text.Text`, never as markup inside strings.
+console = Console(markup=False, emoji=False, highlight=False)
+
+
+def one_line(error: BaseException | str) -> str:
+    """A driver's message on one line (libpq's span several, with tabs)."""
+    return " ".join(str(error).split())
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr and exit 2, pointing at --help."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_ERROR, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def positive(text: str) -> int:
+    """An argument that must be a whole number >= 1."""
+    return _whole(text, 1)
+
+
+def non_negative(text: str) -> int:
+    """An argument that must be a whole number >= 0."""
+    return _whole(text, 0)
+
+
+def _whole(text: str, least: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be {least} or more, not {value}")
+    return value
+
+
+def redis_client(settings: Settings) -> redis.Redis:
+    """A Redis client for `REDIS_URL` that gives up connecting after a couple of seconds."""
+    return redis.Redis.from_url(
+        settings.redis_url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=30
+    )
+
+
+def producer(settings: Settings) -> Producer:
+    """A producer on `REDIS_URL`, as an adapter has one, after checking Redis answers."""
+    client = redis_client(settings)
+    check_redis(client)
+    return Producer(client, shards=settings.shards, max_entry_bytes=settings.max_entry_bytes)
+
+
+def pg_connect(settings: Settings) -> psycopg.Connection[TupleRow]:
+    """A Postgres connection for `DATABASE_URL`; an unreachable server is `Unavailable`."""
+    try:
+        return psycopg.connect(
+            settings.database_url, connect_timeout=CONNECT_TIMEOUT_S, application_name="contextlog"
+        )
+    except psycopg.OperationalError as e:
+        raise Unavailable(f"cannot reach Postgres (DATABASE_URL): {one_line(e)}") from e
+
+
+def reader(settings: Settings) -> ContextReader:
+    """A context reader, after checking Postgres answers: the reader's pool would retry
+    for 10 s and log every attempt before giving up."""
+    pg_connect(settings).close()
+    return ContextReader.from_url(settings.database_url, defaults=settings.conversation)
+
+
+def check_redis(client: redis.Redis) -> None:
+    """Fail at once (as `Unavailable`) when Redis cannot be reached."""
+    try:
+        client.ping()
+    except (redis.ConnectionError, redis.TimeoutError) as e:
+        raise Unavailable(f"cannot reach Redis (REDIS_URL): {one_line(e)}") from e
