@@ -49,6 +49,11 @@ class Fenced(ContextlogError):
     """Raised when a newer owner of a shard has committed: this process must let go."""
 
 
+class ShardBusy(ContextlogError):
+    """Raised when a shard's checkpoint stays locked (a stalled former writer still holds
+    its transaction, or a rebuild runs): nothing was written; retry later, in order."""
+
+
 class Conflict(ContextlogError):
     """Raised when another writer stored some of a batch's events first; retrying is safe."""
 

@@ -24,7 +24,7 @@ from contextlog.schema.errors import ConfigError, Unavailable
 from contextlog.worker import idle
 from contextlog.worker.clock import Clock, SystemClock
 from contextlog.worker.config import Settings
-from contextlog.worker.eventlog import EventLog, PostgresEventLog, migrate
+from contextlog.worker.eventlog import EventLog, PostgresEventLog, bound_waits, migrate
 from contextlog.worker.idle import Timers
 from contextlog.worker.ingest import Ingest
 from contextlog.worker.jobs import IDLE, SUMMARIES, Jobs
@@ -71,7 +71,9 @@ def open_event_log(settings: Settings, client: redis.Redis | None = None) -> Cal
 
     def open_log() -> EventLog:
         try:
-            return PostgresEventLog(connect(), defaults=settings.conversation, relay=effects)
+            conn = connect()
+            bound_waits(conn, settings.lease_seconds)
+            return PostgresEventLog(conn, defaults=settings.conversation, relay=effects)
         except psycopg.OperationalError as e:
             raise Unavailable(f"Postgres: {e}") from e
 

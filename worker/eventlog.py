@@ -19,7 +19,14 @@ from contextlog.producers.context import estimate_tokens
 from contextlog.schema import blocks, codec
 from contextlog.schema import events as ev
 from contextlog.schema.defaults import ConversationDefaults
-from contextlog.schema.errors import Conflict, Fenced, MigrationError, StorageRefused, Unavailable
+from contextlog.schema.errors import (
+    Conflict,
+    Fenced,
+    MigrationError,
+    ShardBusy,
+    StorageRefused,
+    Unavailable,
+)
 from contextlog.schema.queries import migrations, query
 from contextlog.worker import projection
 from contextlog.worker.handlers import ARM, COMMANDS, COMPACT, Effect, handle
@@ -32,6 +39,24 @@ log = structlog.get_logger("contextlog.eventlog")
 MIGRATION_LOCK: Final = 0x636F6E74  # "cont"
 # Held exclusively by `contextlog rebuild`, shared by every ingest transaction.
 REBUILD_LOCK: Final = 0x72656275  # "rebu"
+
+
+# A stalled writer (a frozen process, a paused VM) holds its batch's transaction, and so its
+# shard's checkpoint lock, for as long as it is stalled. It must not outlive its lease:
+IDLE_TRANSACTION_FLOOR_S: Final = 5.0  # the server ends it after max(lease, this)
+# and its successor waits only briefly for that lock, so it keeps renewing its leases.
+LOCK_WAIT_FRACTION: Final = 1 / 3
+
+
+def bound_waits(conn: psycopg.Connection[TupleRow], lease_seconds: float) -> None:
+    """Set the ingest connection's limits: Postgres ends a transaction left idle longer
+    than the lease (its locks go with it), and a lock wait gives up after a third of the
+    lease with `ShardBusy`, so no writer waits on a stalled one past its lease."""
+    idle_ms = int(max(lease_seconds, IDLE_TRANSACTION_FLOOR_S) * 1000)
+    lock_ms = max(50, int(lease_seconds * LOCK_WAIT_FRACTION * 1000))
+    conn.execute(f"SET idle_in_transaction_session_timeout = {idle_ms}")
+    conn.execute(f"SET lock_timeout = {lock_ms}")
+    conn.commit()
 
 
 @dataclass(frozen=True)
@@ -116,6 +141,8 @@ class PostgresEventLog:
             raise Conflict(f"shard {shard}: {e}") from e
         except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as e:
             raise StorageRefused(str(e)) from e
+        except psycopg.errors.LockNotAvailable as e:
+            raise ShardBusy(f"shard {shard}: its checkpoint is locked ({e})") from e
         except psycopg.OperationalError as e:
             raise Unavailable(f"Postgres: {e}") from e
 

@@ -20,7 +20,14 @@ import redis
 import structlog
 
 from contextlog.schema import codec
-from contextlog.schema.errors import Conflict, EventRejected, Fenced, StorageRefused, Unavailable
+from contextlog.schema.errors import (
+    Conflict,
+    EventRejected,
+    Fenced,
+    ShardBusy,
+    StorageRefused,
+    Unavailable,
+)
 from contextlog.worker import metrics
 from contextlog.worker.clock import Clock
 from contextlog.worker.config import Settings
@@ -185,20 +192,23 @@ class Ingest:
         if not self.owned:
             self.pause(min(1.0, self.settings.lease_seconds / 3))
             return
-        shards = sorted(self.owned)
+        # A shard still to recover holds older entries than any new read: not read yet.
+        shards = [s for s in sorted(self.owned) if s not in self.recovering]
+        if not shards:
+            return  # every shard busy: each recovery above already waited for its lock
         work = [(s, e) for s, e in self._read(shards).items() if s in self.owned and e]
         if work:
             work = self._older_first(work)
         if len(work) > 1 and self.settings.ingest_threads > 1:
             # Shards are independent: while one thread waits on Postgres (psycopg
             # releases the GIL), another decodes and formats the next shard's batch.
-            futures = [self._pool().submit(self.process, s, e) for s, e in work]
+            futures = [self._pool().submit(self._drain, s, e) for s, e in work]
             wait(futures)  # all done before an error closes the connections they use
             for f in futures:
                 f.result()  # re-raises an outage here, in the loop's thread
         else:
             for shard, entries in work:
-                self.process(shard, entries)
+                self._drain(shard, entries)
         if self.settings.trim_seconds and now >= self._next_trim:
             for shard in list(self.owned):
                 self.streams.trim(shard)
@@ -216,7 +226,8 @@ class Ingest:
         for shard in late:
             log.warning("former owner holds entries, claiming them first", shard=shard)
             self.recover(shard, False)
-        return [(s, e) for s, e in work if s not in late]
+        # A recovery can renew our leases and so lose some: those shards are not ours.
+        return [(s, e) for s, e in work if s not in late and s in self.owned]
 
     def _read(self, shards: Sequence[int]) -> dict[int, list[Entry]]:
         try:
@@ -299,10 +310,28 @@ class Ingest:
         for chunk in chunks(ordered, suspects, self.settings.batch_size):
             if not self._keep_lease(shard):
                 return  # the marker stays: it is the new owner's to read
-            marked |= self.process(shard, chunk, counts, suspects)
+            try:
+                marked |= self.process(shard, chunk, counts, suspects)
+            except ShardBusy as e:
+                self._busy(shard, e)  # the rest waits: nothing newer goes first
+                return
         if marked:
             self.streams.mark_inflight(shard, None)
         self.recovering.pop(shard, None)
+
+    def _drain(self, shard: int, entries: Sequence[Entry]) -> None:
+        """`process` newly read entries; if the shard is busy they wait, in order."""
+        try:
+            self.process(shard, entries)
+        except ShardBusy as e:
+            self._busy(shard, e)
+
+    def _busy(self, shard: int, error: ShardBusy) -> None:
+        """A stalled former writer still holds the shard's checkpoint lock: what we hold
+        stays pending with us, and is re-read (not a new delivery) before anything newer,
+        until Postgres ends that writer's transaction (`bound_waits`)."""
+        log.warning("shard busy, retrying its entries in order", shard=shard, error=str(error))
+        self.recovering[shard] = False
 
     def process(
         self,
@@ -361,9 +390,12 @@ class Ingest:
 
     def _store(self, shard: int, batch: Sequence[Accepted], retry: bool = True) -> None:
         """Append and acknowledge; a batch Postgres refuses is split to find the bad entry."""
+        epoch = self.owned.get(shard)
+        if epoch is None:
+            return  # the lease was lost meanwhile: the entries are the new owner's to claim
         try:
             with metrics.BATCH_SECONDS.time():
-                stored = self._log().append(shard, self.owned[shard], batch)
+                stored = self._log().append(shard, epoch, batch)
         except Fenced as e:
             log.warning("fenced: a newer owner wrote this shard", shard=shard, error=str(e))
             self._drop(shard)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -13,9 +14,16 @@ import pytest
 from contextlog.producers.ids import uuid7
 from contextlog.schema import codec
 from contextlog.schema import events as ev
-from contextlog.schema.errors import Fenced, StorageRefused
+from contextlog.schema.errors import Fenced, ShardBusy, StorageRefused
 from contextlog.schema.queries import migrations
-from contextlog.worker.eventlog import Accepted, EventLog, MemoryEventLog, PostgresEventLog, migrate
+from contextlog.worker.eventlog import (
+    Accepted,
+    EventLog,
+    MemoryEventLog,
+    PostgresEventLog,
+    bound_waits,
+    migrate,
+)
 
 T0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 
@@ -84,6 +92,30 @@ def test_an_older_epoch_is_fenced(backend: tuple[EventLog, str | None]) -> None:
     log.append(3, 1, [accepted(text="other shard")])  # epochs are per shard
     assert log.epochs() == {2: 5, 3: 1}
     assert [r[2] for r in seqs(log, url)] == ["new owner", "other shard"]
+
+
+def test_a_writer_stalled_inside_its_transaction_holds_the_shard_only_briefly(db: str) -> None:
+    """A frozen owner keeps its batch's transaction, and the shard's checkpoint lock, open.
+    Its successor's write gives up after a third of the lease with ShardBusy (it must go on
+    renewing its leases), and the server ends a transaction idle past the lease."""
+    stalled = psycopg.connect(db)
+    bound_waits(stalled, lease_seconds=0.6)
+    successor = PostgresEventLog(psycopg.connect(db))
+    bound_waits(successor.conn, lease_seconds=0.6)
+    assert successor.append(1, 1, [accepted(text="before")]) == 1
+    stalled.execute("SELECT * FROM shard_checkpoints WHERE shard = 1 FOR UPDATE")
+    waited = time.monotonic()
+    with pytest.raises(ShardBusy):
+        successor.append(1, 2, [accepted(text="blocked")])
+    assert 0.15 < time.monotonic() - waited < 2.0  # lock_timeout: a third of 0.6 s
+    assert successor.append(2, 1, [accepted(text="other shard")]) == 1  # not blocked
+    idle = stalled.execute("SHOW idle_in_transaction_session_timeout").fetchone()
+    assert idle == ("5s",)  # the floor: a lease this short would cut real batches
+    stalled.rollback()
+    assert successor.append(1, 2, [accepted(text="after")]) == 1  # nothing was half-written
+    assert [r[2] for r in seqs(successor, db)] == ["before", "other shard", "after"]
+    stalled.close()
+    successor.close()
 
 
 def test_postgres_refusal_is_translated_and_rolls_back(db: str) -> None:

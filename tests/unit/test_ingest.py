@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 from contextlog.producers import Producer
 from contextlog.schema import codec, keys
 from contextlog.schema import events as ev
-from contextlog.schema.errors import Unavailable
+from contextlog.schema.errors import ShardBusy, Unavailable
 from contextlog.worker.clock import FakeClock
 from contextlog.worker.config import Settings
 from contextlog.worker.eventlog import Accepted, MemoryEventLog
@@ -454,6 +454,30 @@ def test_entries_handed_to_a_stalled_former_owner_are_stored_before_newer_ones(
     h.drain(b, steps=2)
     assert [eid for _, eid in h.stored()] == older + newer
     assert h.pending() == 0
+
+
+def test_a_busy_shard_waits_in_order_without_counting_deliveries(h: Harness) -> None:
+    """A stalled former writer still holds the shard's checkpoint lock: the batch waits
+    and is retried, newer entries wait behind it, and no retry counts as a delivery (so
+    none becomes poison) or as a crash."""
+    older = [h.producer.post_message("alpha", "general", "user", f"old{i}") for i in range(5)]
+    ing = h.ingest()
+    real_append = h.log.append
+    busy = {"left": 8}
+
+    def locked(shard: int, epoch: int, batch: Sequence[Accepted]) -> int:
+        if busy["left"]:
+            busy["left"] -= 1
+            raise ShardBusy(f"shard {shard}: its checkpoint is locked")
+        return real_append(shard, epoch, batch)
+
+    h.log.append = locked  # type: ignore[method-assign]
+    h.drain(ing, steps=3)
+    newer = [h.producer.post_message("alpha", "general", "user", f"new{i}") for i in range(5)]
+    h.drain(ing, steps=12)
+    assert busy["left"] == 0
+    assert [eid for _, eid in h.stored()] == older + newer
+    assert ing.crashes == 0 and h.dead() == [] and h.pending() == 0
 
 
 def test_a_long_recovery_keeps_its_leases(h: Harness) -> None:
