@@ -25,7 +25,13 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(DEVENV) $(VENV)/bin/contextlog demo
 
-bench: $(STAMP)
+# The peers it compares against (the `bench` extra) are installed on first use.
+BENCH_STAMP := $(VENV)/.bench-installed
+$(BENCH_STAMP): $(STAMP)
+	$(VENV)/bin/pip install -e '.[dev,bench]'
+	touch $@
+
+bench: $(BENCH_STAMP)
 	$(DEVENV) $(VENV)/bin/python -m tests.bench.run
 
 # The whole stack of the Procfile (ingest, worker, dashboard on 127.0.0.1:9181) under honcho.
