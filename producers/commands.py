@@ -12,7 +12,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from contextlog.producers.ids import derived_id, uuid7
-from contextlog.schema import codec, keys
+from contextlog.schema import attachments, codec, keys
 from contextlog.schema import events as ev
 from contextlog.schema.errors import EventRejected, EventTooLarge
 
@@ -31,17 +31,27 @@ class Prepared(msgspec.Struct, frozen=True):
     event_id: str
     stream: str
     payload: bytes
+    # (Redis key, bytes) of the attachments the entry references: written with it.
+    blobs: tuple[tuple[str, bytes], ...] = ()
 
 
 class Encoder:
     """Encodes an event, checks it as ingest will, and picks its shard stream."""
 
-    def __init__(self, shards: int, max_entry_bytes: int = codec.DEFAULT_MAX_ENTRY_BYTES) -> None:
+    def __init__(
+        self,
+        shards: int,
+        max_entry_bytes: int = codec.DEFAULT_MAX_ENTRY_BYTES,
+        limits: attachments.Limits | None = None,
+    ) -> None:
         self.shards = shards
         self.max_entry_bytes = max_entry_bytes
+        self.limits = limits or attachments.Limits()
 
     def prepare(self, event: ev.Event) -> Prepared:
-        """Encode and validate; bad input raises `EventRejected` here, not in a dead letter."""
+        """Encode and validate; bad input raises `EventRejected` here, not in a dead letter.
+        Base64 image and document data is taken out as attachments (`schema.attachments`)."""
+        event, blobs = _take_attachments(event, self.limits)
         try:
             payload = codec.encode(event)
         except (TypeError, ValueError) as e:
@@ -55,8 +65,28 @@ class Encoder:
                 codec.OVERSIZED, f"event is {len(payload)} bytes, the cap is {self.max_entry_bytes}"
             )
         checked = codec.decode(payload, self.max_entry_bytes)
-        stream = keys.stream(keys.shard_of(checked.agent, checked.channel, self.shards))
-        return Prepared(str(checked.event_id), stream, payload)
+        shard = keys.shard_of(checked.agent, checked.channel, self.shards)
+        stored = tuple((keys.attachment(shard, b.sha256), b.data) for b in blobs)
+        return Prepared(str(checked.event_id), keys.stream(shard), payload, stored)
+
+
+def _take_attachments(
+    event: ev.Event, limits: attachments.Limits
+) -> tuple[ev.Event, list[attachments.Blob]]:
+    """The event with its base64 sources replaced by attachment references, and the bytes."""
+    if not isinstance(event, ev.MessagePosted | ev.MessageImported) or isinstance(
+        event.content, str
+    ):
+        return event, []
+    # Blocks decoded from JSON (an import) are Raw: only those that may hold base64.
+    plain = [
+        msgspec.json.decode(b) if isinstance(b, msgspec.Raw) and b'"base64"' in bytes(b) else b
+        for b in event.content
+    ]
+    content, blobs = attachments.extract(plain, limits)
+    if content is plain and not any(p is not b for p, b in zip(plain, event.content, strict=True)):
+        return event, []
+    return msgspec.structs.replace(event, content=content), blobs
 
 
 def _seconds(name: str, value: Duration | None) -> int | None:

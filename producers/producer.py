@@ -12,7 +12,7 @@ import redis
 import redis.asyncio as aioredis
 
 from contextlog.producers.commands import Batch, Commands, Encoder, Prepared, utcnow
-from contextlog.schema import codec, keys
+from contextlog.schema import attachments, codec, keys
 from contextlog.schema import events as ev
 from contextlog.schema.errors import ConfigError, Unavailable
 
@@ -26,6 +26,23 @@ def _check_shards(configured: bytes | str | None, shards: int) -> None:
         )
 
 
+def _with_blobs(prepared: list[Prepared]) -> bool:
+    """Whether to send in one MULTI: entries with attachments on one shard (the usual
+    message) get their bytes and the entry atomically. Keys of several shards cannot share
+    a MULTI under Redis Cluster; there the order (bytes first) still holds per entry."""
+    return any(p.blobs for p in prepared) and len({p.stream for p in prepared}) == 1
+
+
+def _queue(pipe: Any, prepared: list[Prepared], ttl_s: int) -> None:
+    """Each entry's attachment bytes, then its XADD. Not NX: the key names its content,
+    so an overwrite changes no byte, and it restarts the TTL for this entry's sake (an
+    older entry's key might expire before ingest reaches this one)."""
+    for p in prepared:
+        for key, data in p.blobs:
+            pipe.set(key, data, ex=ttl_s)
+        pipe.xadd(p.stream, {codec.ENTRY_FIELD: p.payload})
+
+
 class _Base:
     def __init__(
         self,
@@ -33,11 +50,14 @@ class _Base:
         shards: int | None = None,
         max_entry_bytes: int = codec.DEFAULT_MAX_ENTRY_BYTES,
         clock: Callable[[], dt.datetime] = utcnow,
+        attachment_limits: attachments.Limits | None = None,
     ) -> None:
         # The one place the producers package reads the environment: DESIGN.md says the
-        # shard count comes from CONTEXTLOG_SHARDS unless the caller passes it.
+        # shard count comes from CONTEXTLOG_SHARDS unless the caller passes it; the
+        # attachment limits likewise.
         count = keys.shards_from_env(os.environ) if shards is None else shards
-        self.encoder = Encoder(count, max_entry_bytes)
+        limits = attachment_limits or attachments.Limits.from_env(os.environ)
+        self.encoder = Encoder(count, max_entry_bytes, limits)
         self.clock = clock
         self._shards_checked = False
 
@@ -78,9 +98,8 @@ class Producer(_Base, Commands[str]):
             if not self._shards_checked:
                 _check_shards(self.redis.get(keys.SHARDS_KEY), self.encoder.shards)
                 self._shards_checked = True
-            pipe = self.redis.pipeline(transaction=atomic)
-            for p in prepared:
-                pipe.xadd(p.stream, {codec.ENTRY_FIELD: p.payload})
+            pipe = self.redis.pipeline(transaction=atomic or _with_blobs(prepared))
+            _queue(pipe, prepared, self.encoder.limits.ttl_s)
             pipe.execute()
         except redis.RedisError as e:
             raise Unavailable(f"could not push to Redis: {e}") from e
@@ -123,9 +142,8 @@ class AsyncProducer(_Base, Commands[Any]):
             if not self._shards_checked:
                 _check_shards(await self.redis.get(keys.SHARDS_KEY), self.encoder.shards)
                 self._shards_checked = True
-            pipe = self.redis.pipeline(transaction=False)
-            for p in prepared:
-                pipe.xadd(p.stream, {codec.ENTRY_FIELD: p.payload})
+            pipe = self.redis.pipeline(transaction=_with_blobs(prepared))
+            _queue(pipe, prepared, self.encoder.limits.ttl_s)
             await pipe.execute()
         except redis.RedisError as e:
             raise Unavailable(f"could not push to Redis: {e}") from e

@@ -15,6 +15,7 @@ import psycopg
 import psycopg.types.json
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from contextlog.producers import attachments
 from contextlog.producers.context import Context, StoredMessage, build_context
 from contextlog.producers.history import (
     PER_PAGE,
@@ -156,6 +157,7 @@ class _Reader:
         # The reader's one look at the environment: deployment-wide setting defaults.
         self.defaults = defaults or ConversationDefaults.from_env(os.environ)
         self.clock = clock
+        self.attachments = attachments.Cache()  # base64 of recently read attachments
 
 
 # Connections are opened on first use (never at import or construction time).
@@ -211,7 +213,8 @@ class ContextReader(_Reader):
                 threads_cur = conn.cursor().execute(query("active_threads"), params)
             state = _state(state_cur.fetchone())
             rows, threads = rows_cur.fetchall(), threads_cur.fetchall()
-        return assemble(state, plan(state, self.defaults, now), rows, threads)
+        ctx = assemble(state, plan(state, self.defaults, now), rows, threads)
+        return attachments.attach(self.connection, ctx, self.attachments)
 
     def sessions(
         self, agent: str, channel: str | None = None, *, page: int = 1, per_page: int = PER_PAGE
@@ -302,7 +305,8 @@ class AsyncContextReader(_Reader):
                 threads_cur = await conn.cursor().execute(query("active_threads"), params)
             state = _state(await state_cur.fetchone())
             rows, threads = await rows_cur.fetchall(), await threads_cur.fetchall()
-        return assemble(state, plan(state, self.defaults, now), rows, threads)
+        ctx = assemble(state, plan(state, self.defaults, now), rows, threads)
+        return await attachments.aattach(self._aconn, ctx, self.attachments)
 
     async def sessions(
         self, agent: str, channel: str | None = None, *, page: int = 1, per_page: int = PER_PAGE

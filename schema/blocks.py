@@ -14,7 +14,9 @@ Token counts (`estimate`) are rough, ~4 characters a token, on what the model re
 text, thinking, tool names and inputs, tool results; an image counts `IMAGE_TOKENS`
 (the API's cost of a ~1.15 megapixel image, the size it scales larger ones down to);
 a document counts its text, or for a PDF `PDF_BYTES_PER_TOKEN` of its decoded bytes
-(at least one image's worth: every PDF page is also read as an image).
+(at least one image's worth: every PDF page is also read as an image); a PDF stored as
+an attachment counts the same by the `size` of its reference, so the estimate does not
+change when the bytes are taken out.
 """
 
 from __future__ import annotations
@@ -25,8 +27,12 @@ from typing import Annotated, Any, Final, TypeAlias
 import msgspec
 from msgspec import Meta, Struct
 
+from contextlog.schema import attachments
+
 MAX_TEXT: Final = 200_000
-MAX_DATA: Final = 1 << 20  # base64 data; the entry-size cap (256 KiB) binds first for now
+# Inline base64 data: producers take canonical base64 out as attachments (stored apart,
+# `schema.attachments`); what stays inline is bound by the entry-size cap first.
+MAX_DATA: Final = 1 << 20
 MAX_BLOCKS: Final = 256
 MAX_NAME: Final = 200
 MAX_TYPE: Final = 64
@@ -64,6 +70,9 @@ class Source(Struct, frozen=True, kw_only=True):
     url: Annotated[str, Meta(min_length=1, max_length=8192)] | None = None
     file_id: Name | None = None
     content: Text | RawBlocks | None = None
+    # An attachment reference (`schema.attachments`): the bytes are stored apart.
+    sha256: Name | None = None
+    size: Annotated[int, Meta(ge=0)] | None = None
 
 
 class CitationsConfig(Struct, frozen=True, kw_only=True):
@@ -256,6 +265,14 @@ def _check(raw: msgspec.Raw, where: str, in_result: bool) -> Block:
     elif isinstance(block, DocumentBlock) and isinstance(block.source.content, list):
         for i, inner in enumerate(block.source.content):
             check(inner, f"{where}.source.content[{i}]", in_result=True)
+    if (
+        isinstance(block, ImageBlock | DocumentBlock)
+        and block.source.type == attachments.SOURCE_TYPE
+    ):
+        source = {"sha256": block.source.sha256, "size": block.source.size}
+        problem = attachments.check_ref({**source, "media_type": block.source.media_type})
+        if problem:
+            raise BlockError(f"{problem} - at `{where}.source`")
     return block
 
 
@@ -313,9 +330,9 @@ def _document(source: object) -> int:
         return _len(source.get("data"))
     if kind == "content":
         return _inner(source.get("content"))
-    if kind == "base64":
-        pdf_tokens = _len(source.get("data")) * 3 // 4 // PDF_BYTES_PER_TOKEN
-        return max(IMAGE_TOKENS, pdf_tokens) * CHARS_PER_TOKEN
+    size = attachments.decoded_size(source)  # base64 data, or a stored attachment's size
+    if size is not None:
+        return max(IMAGE_TOKENS, size // PDF_BYTES_PER_TOKEN) * CHARS_PER_TOKEN
     return IMAGE_TOKENS * CHARS_PER_TOKEN  # a url or file: its size is not known here
 
 

@@ -67,3 +67,9 @@ def shards_from_env(env: Mapping[str, str]) -> int:
     if not 1 <= value <= MAX_SHARDS:
         raise ConfigError(f"{SHARDS_VAR} must be between 1 and {MAX_SHARDS}: {raw!r}")
     return value
+
+
+def attachment(shard: int, sha256: str) -> str:
+    """The bytes of one attachment waiting for ingest; in its entry's shard slot, so the
+    producer writes it and the entry in one MULTI and ingest reads it with its shard."""
+    return f"contextlog:attachment:{{{shard}}}:{sha256}"

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 from msgspec import Meta
 
+from contextlog.producers.attachments import attach_messages
 from contextlog.producers.history import SessionInfo, SessionMessage, pick, to_messages
 from contextlog.producers.ids import uuid7
 from contextlog.producers.producer import Producer
@@ -71,7 +72,8 @@ def load(
         found = conn.execute(
             query("session_messages"), {"agent": agent, "channel": channel, "seqs": seqs}
         ).fetchall()
-    return info, to_messages(found)
+        # The export carries its attachments' bytes, as base64 in the blocks, as posted.
+        return info, attach_messages(conn, to_messages(found))
 
 
 def _exported(m: SessionMessage) -> ExportedMessage:

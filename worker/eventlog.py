@@ -5,8 +5,8 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 import msgspec
@@ -28,7 +28,7 @@ from contextlog.schema.errors import (
     Unavailable,
 )
 from contextlog.schema.queries import migrations, query
-from contextlog.worker import projection
+from contextlog.worker import attachments, projection
 from contextlog.worker.handlers import ARM, COMMANDS, COMPACT, Effect, handle
 from contextlog.worker.relay import Relay
 
@@ -66,6 +66,8 @@ class Accepted:
     entry_id: str
     event: ev.AnyEvent
     payload: bytes
+    # Attachment bytes (by sha256) to store with the event: set by `attachments.resolve`.
+    blobs: Mapping[str, bytes] = field(default_factory=dict)
 
 
 def migrate(conn: psycopg.Connection[TupleRow]) -> list[str]:
@@ -113,6 +115,10 @@ class EventLog(Protocol):
         """Send the effects of committed batches that were not sent; returns how many."""
         ...
 
+    def stored_attachments(self, hashes: Sequence[str]) -> set[str]:
+        """Which of these attachment hashes (sha256, hex) are stored."""
+        ...
+
     def close(self) -> None:
         """Release the connection."""
         ...
@@ -155,6 +161,15 @@ class PostgresEventLog:
             raise Unavailable(f"Postgres: {e}") from e
         return {int(r[0]): int(r[1]) for r in rows}
 
+    def stored_attachments(self, hashes: Sequence[str]) -> set[str]:
+        """See `EventLog.stored_attachments`."""
+        try:
+            found = attachments.stored(self.conn, hashes)
+            self.conn.rollback()
+        except psycopg.OperationalError as e:
+            raise Unavailable(f"Postgres: {e}") from e
+        return found
+
     def close(self) -> None:
         """Close the connection."""
         self.conn.close()
@@ -192,6 +207,8 @@ class PostgresEventLog:
                     (len(fresh), shard),
                 )
             effects = self._insert(cur, fresh) if fresh else []
+            if any(a.blobs for a in fresh):
+                attachments.insert(cur, fresh)
             durable = [x for x in effects if x.kind not in (COMPACT, ARM)]
             ids = self._store_effects(cur, durable) if durable else []
         if effects and self.relay is not None:
@@ -358,6 +375,7 @@ class MemoryEventLog:
         self.last_seq: Counter[tuple[str, str]] = Counter()
         self.checkpoints: dict[int, tuple[int, str]] = {}  # shard -> (epoch, last entry id)
         self.refuse: set[uuid.UUID] = set()  # event ids to refuse, as a database might
+        self.attachments: dict[str, bytes] = {}
 
     def append(self, shard: int, epoch: int, batch: Sequence[Accepted]) -> int:
         """See `EventLog.append`."""
@@ -367,6 +385,7 @@ class MemoryEventLog:
             raise StorageRefused("refused by the fake")
         fresh = [a for a in _unique(batch) if a.event.event_id not in self.ids]
         for a in fresh:
+            self.attachments.update(a.blobs)
             self.ids.add(a.event.event_id)
             key = (a.event.agent, a.event.channel)
             self.last_seq[key] += 1
@@ -381,6 +400,10 @@ class MemoryEventLog:
     def flush_effects(self, older_than: float = 30.0, limit: int = 500) -> int:
         """The fake keeps no effects."""
         return 0
+
+    def stored_attachments(self, hashes: Sequence[str]) -> set[str]:
+        """See `EventLog.stored_attachments`."""
+        return {h for h in hashes if h in self.attachments}
 
     def close(self) -> None:
         """Nothing to release."""

@@ -28,7 +28,7 @@ from contextlog.schema.errors import (
     StorageRefused,
     Unavailable,
 )
-from contextlog.worker import metrics
+from contextlog.worker import attachments, metrics
 from contextlog.worker.clock import Clock
 from contextlog.worker.config import Settings
 from contextlog.worker.eventlog import Accepted, EventLog
@@ -355,16 +355,29 @@ class Ingest:
             self.streams.mark_inflight(shard, entries[0][0], entries[-1][0])
         accepted, rejected = self._sort_out(entries, deliveries, suspects)
         if rejected:
-            self.streams.dead_letter(shard, rejected)
-            for r in rejected:
-                metrics.DEAD_LETTERS.labels(r.reason).inc()
-            for r in rejected:
-                log.warning(
-                    "entry dead-lettered", shard=shard, entry_id=r.entry_id, reason=r.reason
-                )
-        if accepted:
+            self._dead_letter(shard, rejected)
+        if accepted and any(attachments.refs_of(a.event) for a in accepted):
+            self._store_with_attachments(shard, accepted)
+        elif accepted:
             self._store(shard, accepted)
         return marked
+
+    def _dead_letter(self, shard: int, rejected: list[Rejected]) -> None:
+        self.streams.dead_letter(shard, rejected)
+        for r in rejected:
+            metrics.DEAD_LETTERS.labels(r.reason).inc()
+        for r in rejected:
+            log.warning("entry dead-lettered", shard=shard, entry_id=r.entry_id, reason=r.reason)
+
+    def _store_with_attachments(self, shard: int, accepted: list[Accepted]) -> None:
+        """In parts bounded in attachment bytes, each stored with the bytes it brings from
+        Redis; an entry whose bytes are gone is dead-lettered (`worker.attachments`)."""
+        for group in attachments.groups(accepted):
+            ok, missing = attachments.resolve(self.streams.redis, self._log(), shard, group)
+            if missing:
+                self._dead_letter(shard, missing)
+            if ok:
+                self._store(shard, ok)
 
     def _sort_out(
         self,
@@ -404,6 +417,7 @@ class Ingest:
             self._isolate(shard, batch, e, retry)
             return
         self.streams.ack(shard, [a.entry_id for a in batch])
+        attachments.forget(self.streams.redis, shard, batch)
         metrics.EVENTS.inc(stored)
         with self._lock:
             self.stored += stored

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import typing
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 
 from contextlog.producers.commands import Encoder
 from contextlog.producers.context import StoredMessage, build_context, estimate_tokens
-from contextlog.schema import blocks, codec
+from contextlog.schema import attachments, blocks, codec
 from contextlog.schema import events as ev
 from contextlog.schema.errors import EventRejected
 from contextlog.worker.eventlog import tokens_of
@@ -58,7 +59,10 @@ def test_every_block_type_is_accepted_and_kept_byte_for_byte(kind: str) -> None:
     event = _posted(role, content)
     assert isinstance(event.content, list)
     back = [msgspec.json.decode(raw) for raw in event.content]
-    assert back == content
+    # Base64 sources travel as attachment references; the reader puts the bytes back.
+    blobs = Encoder(1).prepare(ev.MessagePosted(role=role, content=content, **COMMON)).blobs  # type: ignore[arg-type]
+    data = {key.rsplit(":", 1)[1]: base64.b64encode(raw).decode() for key, raw in blobs}
+    assert attachments.restore(back, data) == content
     assert tokens_of(event) == estimate_tokens(content) >= 1
 
 
