@@ -29,7 +29,9 @@ A = "alpha"
 
 @pytest.fixture
 def env(db: str, redis_url: str) -> dict[str, str]:
-    return offline_env(db, redis_url, CONTEXTLOG_SWEEP_SECONDS="1", CONTEXTLOG_LOG_FORMAT="console")
+    return offline_env(
+        db, redis_url, CONTEXTLOG_SWEEP_SECONDS="1", CONTEXTLOG_LOG_FORMAT="console"
+    )
 
 
 @pytest.fixture
