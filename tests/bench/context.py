@@ -4,6 +4,11 @@
 with 1M and then 10M events in the log, beside the raw fetch of the same rows (the
 window query alone, default psycopg loaders) in the same run.
 
+With attachments: the same 100-message window read with 5 distinct 1 MB images in it
+(stored once in `attachments`, put back as base64 by the reader), beside the window
+whose messages carry a short text instead: the reader's cache off (every read fetches
+and encodes the bytes) and on (a bot re-reading its window).
+
 `read_your_writes`: XADD-to-visible latency (`context(wait_for=...)`) while 1,000
 events/s are offered to a real `contextlog ingest`, beside the floor of that path on
 this machine: XADD, XREADGROUP, one-row INSERT + COMMIT, then the same visibility query,
@@ -13,16 +18,20 @@ done back to back by one process.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import random
 import statistics
 import threading
 import time
 from typing import Any
 
 import psycopg
+import psycopg.types.json
 import redis
 
 from contextlog.producers import ContextReader, Producer
-from contextlog.schema import keys
+from contextlog.producers.attachments import Cache
+from contextlog.schema import attachments, keys
 from contextlog.schema.defaults import ConversationDefaults
 from tests.bench.harness import BenchEnv, Result, Watched, python_module
 
@@ -111,12 +120,93 @@ def _time_reads(env: BenchEnv, channel: str) -> dict[str, float]:
     return {"ours_p50_ms": o50, "ours_p99_ms": o99, "raw_p50_ms": b50, "raw_p99_ms": b99}
 
 
+IMAGES = 5
+IMAGE_BYTES = 1 << 20
+
+
+def _fill_attachment_windows(conn: psycopg.Connection[Any]) -> None:
+    """Two 100-message windows: `att` with an image in every 20th message, `noatt` with
+    a short text there instead; the rest alike."""
+    rng = random.Random(7)
+    images = [rng.randbytes(IMAGE_BYTES) for _ in range(IMAGES)]
+    for data in images:
+        conn.execute(
+            "INSERT INTO attachments (sha256, size, data) VALUES (%s, %s, %b)",
+            (hashlib.sha256(data).digest(), len(data), data),
+        )
+    for channel in ("att", "noatt"):
+        for i in range(1, 101):
+            text = {"type": "text", "text": f"message {i} " + "words " * 60}
+            content: list[dict[str, Any]] = [text]
+            if i % 20 == 1:
+                data = images[i // 20]
+                source = {"type": "base64", "media_type": "image/png", "data": ""}
+                ref = attachments.reference(source, hashlib.sha256(data).hexdigest(), len(data))
+                extra = {"type": "image", "source": ref} if channel == "att" else text
+                content = [extra, text]
+            payload = {
+                "type": "message.v1",
+                "role": "user" if i % 2 else "assistant",
+                "content": content,
+            }
+            conn.execute(
+                "INSERT INTO events (event_id, agent, channel, thread, seq, kind, occurred_at,"
+                " tokens, payload) VALUES (gen_random_uuid(), 'bench', %s, '', %s, 'message.v1',"
+                " %s, 100, %s)",
+                (
+                    channel,
+                    i,
+                    NOW - dt.timedelta(seconds=(101 - i) * 30),
+                    psycopg.types.json.Jsonb(payload),
+                ),
+            )
+        conn.execute(
+            "INSERT INTO conversations (agent, channel, last_seq, last_activity_at)"
+            " VALUES ('bench', %s, 100, %s)",
+            (channel, NOW),
+        )
+    conn.commit()
+
+
+def _time_attachment_reads(env: BenchEnv) -> dict[str, float]:
+    """p50/p99 in ms of the window with images (cache off, then on) and without."""
+    reader = ContextReader.from_url(
+        env.database_url, defaults=ConversationDefaults(token_budget=10**9)
+    )
+    out: dict[str, float] = {}
+    for label, channel, cache in (
+        ("without", "noatt", CACHE_ON),
+        ("with_cache_off", "att", 0),
+        ("with_cache_on", "att", CACHE_ON),
+    ):
+        reader.attachments = Cache(cache)
+        samples = []
+        for i in range(READS // 3 + 10):
+            t = time.perf_counter()
+            ctx = reader.context("bench", channel, now=NOW)
+            if i >= 10:
+                samples.append((time.perf_counter() - t) * 1000)
+        assert len(ctx.messages) == 100
+        p50, p99 = _percentiles(samples)
+        out[f"{label}_p50_ms"], out[f"{label}_p99_ms"] = p50, p99
+    reader.close()
+    got = [b for m in ctx.messages for b in m["content"] if b["type"] == "image"]
+    assert len(got) == IMAGES and all(len(b["source"]["data"]) > IMAGE_BYTES for b in got)
+    return out
+
+
+CACHE_ON = 64 << 20
+
+
 def run(env: BenchEnv) -> Result:
     """Context reads at 1M and 10M events."""
     big = env.events or 10_000_000
     small = min(1_000_000, big)
     conn = psycopg.connect(env.database_url)
     _fill_targets(conn)
+    _fill_attachment_windows(conn)
+    attached = _time_attachment_reads(env)
+    print(f"  attachments: {attached}", flush=True)
     measured: dict[str, dict[str, dict[str, float]]] = {}
     step = 500_000
     done = 0
@@ -146,7 +236,11 @@ def run(env: BenchEnv) -> Result:
         extra=(
             f"1,000-msg window at 10M events: p50 {w['ours_p50_ms']:.2f} ms / p99 "
             f"{w['ours_p99_ms']:.2f} ms (raw {w['raw_p50_ms']:.2f} / {w['raw_p99_ms']:.2f}); "
-            f"worst p50 ratio {worst:.2f}x; p99 10M/1M {growth:.2f}x (target <= 1.2)"
+            f"worst p50 ratio {worst:.2f}x; p99 10M/1M {growth:.2f}x (target <= 1.2); "
+            f"100-msg window with {IMAGES} x 1 MiB images: p50 "
+            f"{attached['with_cache_off_p50_ms']:.2f} ms cache off / "
+            f"{attached['with_cache_on_p50_ms']:.2f} ms cache on, vs "
+            f"{attached['without_p50_ms']:.2f} ms without images"
         ),
         description=(
             "ContextReader.context() p50/p99 over 300 reads for windows of 100 and "
@@ -158,6 +252,7 @@ def run(env: BenchEnv) -> Result:
             "measured": measured,
             "worst_p50_ratio": worst,
             "p99_growth_10M_over_1M": growth,
+            "attachments": {"images": IMAGES, "image_bytes": IMAGE_BYTES, **attached},
         },
     )
 
