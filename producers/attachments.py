@@ -11,6 +11,7 @@ never stale, and a bot that reads its context every turn fetches an image once.
 from __future__ import annotations
 
 import base64
+import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
@@ -32,26 +33,29 @@ class Cache:
         self.limit = limit
         self.size = 0
         self._items: OrderedDict[str, str] = OrderedDict()
+        self._lock = threading.Lock()  # a reader may serve several threads
 
     def get(self, hashes: Iterable[str]) -> dict[str, str]:
         """The kept entries among `hashes`."""
         found = {}
-        for h in hashes:
-            if (text := self._items.get(h)) is not None:
-                self._items.move_to_end(h)
-                found[h] = text
+        with self._lock:
+            for h in hashes:
+                if (text := self._items.get(h)) is not None:
+                    self._items.move_to_end(h)
+                    found[h] = text
         return found
 
     def put(self, items: dict[str, str]) -> None:
         """Keep entries, dropping the least recently used past the limit."""
-        for h, text in items.items():
-            if h in self._items or len(text) > self.limit:
-                continue
-            self._items[h] = text
-            self.size += len(text)
-        while self.size > self.limit:
-            _, text = self._items.popitem(last=False)
-            self.size -= len(text)
+        with self._lock:
+            for h, text in items.items():
+                if h in self._items or len(text) > self.limit:
+                    continue
+                self._items[h] = text
+                self.size += len(text)
+            while self.size > self.limit:
+                _, text = self._items.popitem(last=False)
+                self.size -= len(text)
 
 
 def needed(contents: Iterable[Any]) -> list[str]:

@@ -47,9 +47,18 @@ def refs_of(event: ev.AnyEvent) -> list[Mapping[str, Any]]:
         event.content, str
     ):
         return []
-    if not any(b'"' + attachments.SOURCE_TYPE.encode() in bytes(b) for b in event.content):
-        return []  # the common case, decided on the raw bytes
+    if not any(_MARKER in bytes(b) for b in event.content):
+        return []
     return attachments.refs([msgspec.json.decode(b) for b in event.content])
+
+
+_MARKER: Final = b'"' + attachments.SOURCE_TYPE.encode() + b'"'
+
+
+def any_refs(batch: Sequence[Accepted]) -> bool:
+    """Whether an entry of the batch may reference an attachment: one look at each entry's
+    bytes, so a batch without any costs ingest next to nothing."""
+    return any(_MARKER in a.payload for a in batch)
 
 
 def groups(batch: Sequence[Accepted], limit: int = BATCH_BYTES) -> Iterator[list[Accepted]]:

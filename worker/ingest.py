@@ -356,7 +356,7 @@ class Ingest:
         accepted, rejected = self._sort_out(entries, deliveries, suspects)
         if rejected:
             self._dead_letter(shard, rejected)
-        if accepted and any(attachments.refs_of(a.event) for a in accepted):
+        if accepted and attachments.any_refs(accepted):
             self._store_with_attachments(shard, accepted)
         elif accepted:
             self._store(shard, accepted)
