@@ -70,9 +70,6 @@ class Source(Struct, frozen=True, kw_only=True):
     url: Annotated[str, Meta(min_length=1, max_length=8192)] | None = None
     file_id: Name | None = None
     content: Text | RawBlocks | None = None
-    # An attachment reference (`schema.attachments`): the bytes are stored apart.
-    sha256: Name | None = None
-    size: Annotated[int, Meta(ge=0)] | None = None
 
 
 class CitationsConfig(Struct, frozen=True, kw_only=True):
@@ -269,8 +266,9 @@ def _check(raw: msgspec.Raw, where: str, in_result: bool) -> Block:
         isinstance(block, ImageBlock | DocumentBlock)
         and block.source.type == attachments.SOURCE_TYPE
     ):
-        source = {"sha256": block.source.sha256, "size": block.source.size}
-        problem = attachments.check_ref({**source, "media_type": block.source.media_type})
+        # A reference (written by a producer, `schema.attachments`): its fields are
+        # checked here, not named in `Source`, where a future API field could clash.
+        problem = attachments.check_ref(msgspec.json.decode(raw)["source"])
         if problem:
             raise BlockError(f"{problem} - at `{where}.source`")
     return block

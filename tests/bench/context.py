@@ -245,7 +245,10 @@ def run(env: BenchEnv) -> Result:
         description=(
             "ContextReader.context() p50/p99 over 300 reads for windows of 100 and "
             "1,000 messages, with 1M and then 10M events in the log (1,000 background "
-            "conversations), beside the raw window query in the same loop."
+            "conversations), beside the raw window query in the same loop. Attachments: "
+            f"p50/p99 of {READS // 3} reads of a 100-message window holding {IMAGES} "
+            "distinct 1 MiB images (stored once, put back as base64), reader cache off and "
+            "on, beside the same window with a short text in their place."
         ),
         details={
             "events": {"1M": small, "10M": big},

@@ -74,7 +74,9 @@ def test_only_canonical_base64_is_taken_out() -> None:
 
 
 def test_references_cannot_be_posted() -> None:
-    ref = attachments.reference({"type": "base64", "media_type": "image/png"}, "ab" * 32, 5)
+    ref = attachments.reference(
+        {"type": "base64", "media_type": "image/png", "data": ""}, "ab" * 32, 5
+    )
     with pytest.raises(EventRejected, match="reserved"):
         attachments.extract([{"type": "image", "source": ref}], LIMITS)
 
@@ -168,3 +170,21 @@ def test_reader_cache_keeps_the_most_recent_within_its_limit() -> None:
     assert cache.get(["a", "b"]) == {"b": "y" * 6} and cache.size == 6
     cache.put({"c": "z" * 11})  # larger than the whole cache: not kept
     assert cache.get(["c"]) == {}
+
+
+def test_a_malformed_reference_is_refused_by_the_contract() -> None:
+    """An entry written past the producer with a broken reference is dead-lettered, not
+    stored: the contract checks sha256, size and media_type."""
+    source = {"type": "base64", "media_type": "image/png", "data": ""}
+    good = attachments.reference(source, "ab" * 32, 5)
+    for bad in ({**good, "sha256": "AB" * 32}, {**good, "size": -1}, {**good, "size": "5"}):
+        event = ev.MessagePosted(
+            event_id=uuid.uuid4(),
+            agent="a",
+            channel="c",
+            role="user",
+            content=[{"type": "image", "source": bad}],  # type: ignore[list-item]
+            occurred_at=T0,
+        )
+        with pytest.raises(EventRejected, match="attachment reference needs"):
+            codec.decode(codec.encode(event))
