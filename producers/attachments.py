@@ -58,12 +58,18 @@ class Cache:
                 self.size -= len(text)
 
 
+_HOLDERS: Final = attachments.HOLDS_SOURCE | {"tool_result"}
+
+
 def needed(contents: Iterable[Any]) -> list[str]:
-    """The hashes referenced in these message contents, sorted."""
+    """The hashes referenced in these message contents, sorted. Runs on every read: a
+    tight loop looks at each block's type and walks only those that can hold a source."""
     found: set[str] = set()
     for content in contents:
         if isinstance(content, list):
-            found |= attachments.hashes(content)
+            for block in content:
+                if isinstance(block, dict) and block.get("type") in _HOLDERS:
+                    found |= attachments.hashes([block])
     return sorted(found)
 
 
