@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import os
 import time
@@ -30,7 +29,9 @@ from contextlog.schema.defaults import ConversationDefaults
 from contextlog.schema.errors import NotVisible, Unavailable
 from contextlog.schema.queries import query
 
-POLL_SECONDS = 0.005
+# `wait_for` sleeps until ingest's commit notification (LISTEN contextlog_commits); it also
+# re-checks at least this often, should a notification not come (an older ingest, a lost one).
+POLL_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -248,11 +249,23 @@ class ContextReader(_Reader):
         return pick(rows, session_id, agent, channel)
 
     def _wait(self, conn: Any, event_id: str, timeout: float) -> None:
+        """Until `event_id` is stored: sleep on ingest's commit notifications, not a timer."""
+        params = {"event_id": event_id}
+        if conn.execute(query("event_visible"), params).fetchone() is not None:
+            return
         deadline = time.monotonic() + timeout
-        while conn.execute(query("event_visible"), {"event_id": event_id}).fetchone() is None:
-            if time.monotonic() > deadline:
-                raise _not_visible(event_id, timeout)
-            time.sleep(POLL_SECONDS)
+        try:
+            with conn.pipeline():  # listen first, then look: no commit slips in between
+                conn.execute(query("listen_commits"))
+                visible = conn.execute(query("event_visible"), params)
+            while visible.fetchone() is None:
+                if (left := deadline - time.monotonic()) <= 0:
+                    raise _not_visible(event_id, timeout)
+                for _ in conn.notifies(timeout=min(left, POLL_SECONDS), stop_after=1):
+                    pass
+                visible = conn.execute(query("event_visible"), params)
+        finally:
+            conn.execute(query("unlisten_commits"))
 
     def close(self) -> None:
         """Close the pool."""
@@ -285,15 +298,7 @@ class AsyncContextReader(_Reader):
         """The context of one thread (or the main line), valid for the Messages API."""
         async with await self._aconn() as conn:
             if wait_for is not None:
-                deadline = time.monotonic() + timeout
-                while (
-                    await (
-                        await conn.execute(query("event_visible"), {"event_id": wait_for})
-                    ).fetchone()
-                ) is None:
-                    if time.monotonic() > deadline:
-                        raise _not_visible(wait_for, timeout)
-                    await asyncio.sleep(POLL_SECONDS)
+                await self._wait(conn, wait_for, timeout)
             now = now or self.clock()
             params = window_params(agent, channel, thread, now, self.defaults)
             async with conn.pipeline():  # the three reads in one round trip
@@ -322,6 +327,25 @@ class AsyncContextReader(_Reader):
         async with await self._aconn() as conn:
             rows = await (await conn.execute(query("get_session"), params)).fetchall()
         return pick(rows, session_id, agent, channel)[0]
+
+    async def _wait(self, conn: Any, event_id: str, timeout: float) -> None:
+        """`ContextReader._wait`, for asyncio."""
+        params = {"event_id": event_id}
+        if await (await conn.execute(query("event_visible"), params)).fetchone() is not None:
+            return
+        deadline = time.monotonic() + timeout
+        try:
+            async with conn.pipeline():
+                await conn.execute(query("listen_commits"))
+                visible = await conn.execute(query("event_visible"), params)
+            while await visible.fetchone() is None:
+                if (left := deadline - time.monotonic()) <= 0:
+                    raise _not_visible(event_id, timeout)
+                async for _ in conn.notifies(timeout=min(left, POLL_SECONDS), stop_after=1):
+                    pass
+                visible = await conn.execute(query("event_visible"), params)
+        finally:
+            await conn.execute(query("unlisten_commits"))
 
     async def _aconn(self) -> Any:
         if self.pool.closed:
