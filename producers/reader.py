@@ -249,23 +249,37 @@ class ContextReader(_Reader):
         return pick(rows, session_id, agent, channel)
 
     def _wait(self, conn: Any, event_id: str, timeout: float) -> None:
-        """Until `event_id` is stored: sleep on ingest's commit notifications, not a timer."""
+        """Until `event_id` is stored: sleep on ingest's commit notifications, not a timer.
+
+        Two round trips when ingest commits while we wait (the usual read-your-writes
+        case): listen + look, then, once woken, look + stop listening. A look that finds
+        nothing after stopping listens again first (no commit slips in between).
+        """
         params = {"event_id": event_id}
-        if conn.execute(query("event_visible"), params).fetchone() is not None:
-            return
         deadline = time.monotonic() + timeout
+        with conn.pipeline():
+            conn.execute(query("listen_commits"))
+            visible = conn.execute(query("event_visible"), params)
+        listening = True
         try:
-            with conn.pipeline():  # listen first, then look: no commit slips in between
-                conn.execute(query("listen_commits"))
-                visible = conn.execute(query("event_visible"), params)
             while visible.fetchone() is None:
+                if not listening:
+                    with conn.pipeline():
+                        conn.execute(query("listen_commits"))
+                        visible = conn.execute(query("event_visible"), params)
+                    listening = True
+                    continue
                 if (left := deadline - time.monotonic()) <= 0:
                     raise _not_visible(event_id, timeout)
                 for _ in conn.notifies(timeout=min(left, POLL_SECONDS), stop_after=1):
                     pass
-                visible = conn.execute(query("event_visible"), params)
+                with conn.pipeline():
+                    visible = conn.execute(query("event_visible"), params)
+                    conn.execute(query("unlisten_commits"))
+                listening = False
         finally:
-            conn.execute(query("unlisten_commits"))
+            if listening:  # the pooled connection must not keep receiving them
+                conn.execute(query("unlisten_commits"))
 
     def close(self) -> None:
         """Close the pool."""
@@ -331,21 +345,30 @@ class AsyncContextReader(_Reader):
     async def _wait(self, conn: Any, event_id: str, timeout: float) -> None:
         """`ContextReader._wait`, for asyncio."""
         params = {"event_id": event_id}
-        if await (await conn.execute(query("event_visible"), params)).fetchone() is not None:
-            return
         deadline = time.monotonic() + timeout
+        async with conn.pipeline():
+            await conn.execute(query("listen_commits"))
+            visible = await conn.execute(query("event_visible"), params)
+        listening = True
         try:
-            async with conn.pipeline():
-                await conn.execute(query("listen_commits"))
-                visible = await conn.execute(query("event_visible"), params)
             while await visible.fetchone() is None:
+                if not listening:
+                    async with conn.pipeline():
+                        await conn.execute(query("listen_commits"))
+                        visible = await conn.execute(query("event_visible"), params)
+                    listening = True
+                    continue
                 if (left := deadline - time.monotonic()) <= 0:
                     raise _not_visible(event_id, timeout)
                 async for _ in conn.notifies(timeout=min(left, POLL_SECONDS), stop_after=1):
                     pass
-                visible = await conn.execute(query("event_visible"), params)
+                async with conn.pipeline():
+                    visible = await conn.execute(query("event_visible"), params)
+                    await conn.execute(query("unlisten_commits"))
+                listening = False
         finally:
-            await conn.execute(query("unlisten_commits"))
+            if listening:
+                await conn.execute(query("unlisten_commits"))
 
     async def _aconn(self) -> Any:
         if self.pool.closed:

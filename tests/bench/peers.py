@@ -9,7 +9,8 @@ machine load; each round's ratio is kept and the headline is their median.
 - bot turn: post the user message + read the context (ours: `post_message` then
   `context(wait_for=id)` through a real `contextlog ingest`; peer: `add_messages` + `messages`
   + `trim_messages`), at 100 and 1,000 messages; the posted message must be the context's last
-  (read-your-writes, checked every turn). The assistant's reply is posted untimed after each turn.
+  (read-your-writes, checked every turn). The assistant's reply is posted untimed after each turn,
+  then both sides pause 20 ms (think time).
 - write stream: 100k messages over 1k conversations (ours: producer pipelines, timed from the
   first push to the last row committed by ingest; peer: one `add_messages` per conversation).
 - read only: the context of a 1,000-message window (ours: `context()`; peer: LangGraph
@@ -45,6 +46,11 @@ SIZES = (100, 1000)
 CONVERSATIONS = {100: 40, 1000: 8}  # turns rotate over these, so a window grows slowly
 ROUNDS = 4  # per side and path; interleaved
 TURNS = 60  # timed turns per round and size
+# Untimed pause after each turn's reply, on both sides: a person takes seconds to answer,
+# so a turn never starts while ingest still holds the previous reply (and 20 ms keeps
+# the run short). Langchain's reply is written synchronously, so without it only our side
+# would pay for the previous turn.
+THINK_SECONDS = 0.02
 READS = 100  # timed reads per round
 STREAM_MESSAGES = 100_000
 STREAM_CONVERSATIONS = 1_000
@@ -188,6 +194,7 @@ def _bot_turns(ours: Ours, lc: LangChain, size: int) -> dict[str, Any]:
                     ours.reply("turn", channel, reply)
                 else:
                     lc.history(_session("turn", channel)).add_messages([AIMessage(reply)])
+                time.sleep(THINK_SECONDS)
         o, p = _percentiles(side["ours"]), _percentiles(side["langchain"])
         rounds.append(
             {
@@ -394,7 +401,8 @@ def run(env: BenchEnv) -> Result:
             "langchain-core `trim_messages`, 16k-token budget) and LangGraph "
             "`PostgresSaver` 3.2.0 on the same servers, in interleaved rounds (ours, peer, "
             "ours, peer): a bot turn (post the user message + read the context, "
-            "read-your-writes checked every turn), the write stream, and a read-only window."
+            "read-your-writes checked every turn; the reply is posted untimed, then 20 ms of "
+            "think time on both sides), the write stream, and a read-only window."
         ),
         notes=notes,
         details=m,

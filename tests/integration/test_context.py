@@ -177,10 +177,10 @@ def test_wait_for_an_event_never_stored_raises_a_clear_error(reader: ContextRead
         reader.context("alpha", "general", wait_for=str(uuid7()), timeout=0.05)
 
 
-def _later(log: Log, event_id: str) -> threading.Timer:
+def _later(log: Log, event_id: str, delay: float = 0.3, text: str = "late") -> threading.Timer:
     """Store a message a moment from now, as ingest would, while a reader waits for it."""
     at = NOW - HOUR
-    timer = threading.Timer(0.3, log.say, ("user", "late", at), {"event_id": UUID(event_id)})
+    timer = threading.Timer(delay, log.say, ("user", text, at), {"event_id": UUID(event_id)})
     timer.start()
     return timer
 
@@ -201,6 +201,20 @@ def test_wait_for_wakes_on_the_commit_not_a_timer(
     timer.join()
     assert texts(ctx) == ["late"]
     assert _listening(reader) == []  # the pooled connection stopped listening
+
+
+def test_wait_for_sleeps_through_other_commits(
+    log: Log, reader: ContextReader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A commit without the awaited event wakes the reader, which listens again and waits on.
+    monkeypatch.setattr("contextlog.producers.reader.POLL_SECONDS", 60.0)
+    eid = str(uuid7())
+    timers = [_later(log, str(uuid7()), 0.2, "other"), _later(log, eid, 0.6)]
+    ctx = reader.context("alpha", "general", wait_for=eid, timeout=20, now=NOW)
+    for t in timers:
+        t.join()
+    assert texts(ctx) == ["other", "late"]
+    assert _listening(reader) == []
 
 
 def test_a_failed_wait_stops_listening(reader: ContextReader) -> None:
