@@ -60,6 +60,24 @@ PUSH_BATCH = 1000
 TABLE = "lc_chat_history"
 
 
+# What limits the bot turn where we are slower (py-spy and cProfile of ingest and of the
+# reader, 2026-11-22, this box); kept beside the figures, refreshed by hand when it changes.
+LIMITS = (
+    "Where a 100-message bot turn goes (profile): the read alone (three pipelined queries, "
+    "then `build_context` over the whole window) is ~3.3 ms p50 idle, more than langchain's "
+    "whole turn (~2.5 ms); post-to-visible is ~6 ms: XADD, the XREADGROUP wake-up, the "
+    "XPENDING check for a former owner's entries, then a one-event append of ~2.7 ms "
+    "(7 Postgres round trips: BEGIN, checkpoint, conversations, threads, COPY start and end, "
+    "COMMIT at ~0.55 ms with fsync) against 0.5 ms for INSERT + COMMIT, each round trip a "
+    "context switch on a 2-core box that Postgres, Redis, ingest and the bench share.",
+    "What would move it: reads bounded by the budget (issue 12 item 2: fetch and repair only "
+    "the rows that fit), a one-round-trip append for small batches (checkpoint, "
+    "conversations and threads in one pipeline, INSERT instead of COPY pipelined with "
+    "COMMIT), and the XPENDING check folded into the read's pipeline. `wait_for` itself "
+    "now costs two round trips and wakes on the commit (LISTEN/NOTIFY), not a 5 ms poll.",
+)
+
+
 def _text(i: int) -> str:
     return f"message {i} " + "words " * 60
 
@@ -385,6 +403,7 @@ def run(env: BenchEnv) -> Result:
         f"{CONVERSATIONS[100]} / {CONVERSATIONS[1000]} conversations so a window grows by "
         f"~{2 * ROUNDS * TURNS // CONVERSATIONS[100]} / "
         f"~{2 * ROUNDS * TURNS // CONVERSATIONS[1000]} messages over the run.",
+        *LIMITS,
     ]
     return Result(
         name="peers",
