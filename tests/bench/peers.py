@@ -71,10 +71,11 @@ LIMITS = (
     "COMMIT at ~0.55 ms with fsync) against 0.5 ms for INSERT + COMMIT, each round trip a "
     "context switch on a 2-core box that Postgres, Redis, ingest and the bench share.",
     "What would move it: reads bounded by the budget (issue 12 item 2: fetch and repair only "
-    "the rows that fit), a one-round-trip append for small batches (checkpoint, "
+    "the rows that fit) and a one-round-trip append for small batches (checkpoint, "
     "conversations and threads in one pipeline, INSERT instead of COPY pipelined with "
-    "COMMIT), and the XPENDING check folded into the read's pipeline. `wait_for` itself "
-    "now costs two round trips and wakes on the commit (LISTEN/NOTIFY), not a 5 ms poll.",
+    "COMMIT). Done here: `wait_for` wakes on the commit (LISTEN/NOTIFY) in two round trips "
+    "instead of polling every 5 ms, and the XPENDING check rides in the XREADGROUP's "
+    "pipeline.",
 )
 
 
@@ -369,7 +370,7 @@ def _measure(env: BenchEnv) -> dict[str, Any]:
 
 def _line(label: str, m: dict[str, Any], stat: str, peer: str) -> str:
     ratio = m[f"median_{stat}_ratio"]
-    verdict = "faster" if ratio <= 1 else "slower"
+    verdict = "faster" if ratio < 1 else "even" if ratio == 1 else "slower"
     return (
         f"{label} {stat}: ours {m[f'ours_median_{stat}_ms']:.2f} ms, {peer} "
         f"{m[f'peer_median_{stat}_ms']:.2f} ms; median of per-round ratios {ratio:.2f} "
