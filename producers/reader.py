@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import os
 import time
@@ -31,7 +30,9 @@ from contextlog.schema.defaults import ConversationDefaults
 from contextlog.schema.errors import NotVisible, Unavailable
 from contextlog.schema.queries import query
 
-POLL_SECONDS = 0.005
+# `wait_for` sleeps until ingest's commit notification (LISTEN contextlog_commits); it also
+# re-checks at least this often, should a notification not come (an older ingest, a lost one).
+POLL_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -251,11 +252,37 @@ class ContextReader(_Reader):
         return pick(rows, session_id, agent, channel)
 
     def _wait(self, conn: Any, event_id: str, timeout: float) -> None:
+        """Until `event_id` is stored: sleep on ingest's commit notifications, not a timer.
+
+        Two round trips when ingest commits while we wait (the usual read-your-writes
+        case): listen + look, then, once woken, look + stop listening. A look that finds
+        nothing after stopping listens again first (no commit slips in between).
+        """
+        params = {"event_id": event_id}
         deadline = time.monotonic() + timeout
-        while conn.execute(query("event_visible"), {"event_id": event_id}).fetchone() is None:
-            if time.monotonic() > deadline:
-                raise _not_visible(event_id, timeout)
-            time.sleep(POLL_SECONDS)
+        with conn.pipeline():
+            conn.execute(query("listen_commits"))
+            visible = conn.execute(query("event_visible"), params)
+        listening = True
+        try:
+            while visible.fetchone() is None:
+                if not listening:
+                    with conn.pipeline():
+                        conn.execute(query("listen_commits"))
+                        visible = conn.execute(query("event_visible"), params)
+                    listening = True
+                    continue
+                if (left := deadline - time.monotonic()) <= 0:
+                    raise _not_visible(event_id, timeout)
+                for _ in conn.notifies(timeout=min(left, POLL_SECONDS), stop_after=1):
+                    pass
+                with conn.pipeline():
+                    visible = conn.execute(query("event_visible"), params)
+                    conn.execute(query("unlisten_commits"))
+                listening = False
+        finally:
+            if listening:  # the pooled connection must not keep receiving them
+                conn.execute(query("unlisten_commits"))
 
     def close(self) -> None:
         """Close the pool."""
@@ -288,15 +315,7 @@ class AsyncContextReader(_Reader):
         """The context of one thread (or the main line), valid for the Messages API."""
         async with await self._aconn() as conn:
             if wait_for is not None:
-                deadline = time.monotonic() + timeout
-                while (
-                    await (
-                        await conn.execute(query("event_visible"), {"event_id": wait_for})
-                    ).fetchone()
-                ) is None:
-                    if time.monotonic() > deadline:
-                        raise _not_visible(wait_for, timeout)
-                    await asyncio.sleep(POLL_SECONDS)
+                await self._wait(conn, wait_for, timeout)
             now = now or self.clock()
             params = window_params(agent, channel, thread, now, self.defaults)
             async with conn.pipeline():  # the three reads in one round trip
@@ -326,6 +345,34 @@ class AsyncContextReader(_Reader):
         async with await self._aconn() as conn:
             rows = await (await conn.execute(query("get_session"), params)).fetchall()
         return pick(rows, session_id, agent, channel)[0]
+
+    async def _wait(self, conn: Any, event_id: str, timeout: float) -> None:
+        """`ContextReader._wait`, for asyncio."""
+        params = {"event_id": event_id}
+        deadline = time.monotonic() + timeout
+        async with conn.pipeline():
+            await conn.execute(query("listen_commits"))
+            visible = await conn.execute(query("event_visible"), params)
+        listening = True
+        try:
+            while await visible.fetchone() is None:
+                if not listening:
+                    async with conn.pipeline():
+                        await conn.execute(query("listen_commits"))
+                        visible = await conn.execute(query("event_visible"), params)
+                    listening = True
+                    continue
+                if (left := deadline - time.monotonic()) <= 0:
+                    raise _not_visible(event_id, timeout)
+                async for _ in conn.notifies(timeout=min(left, POLL_SECONDS), stop_after=1):
+                    pass
+                async with conn.pipeline():
+                    visible = await conn.execute(query("event_visible"), params)
+                    await conn.execute(query("unlisten_commits"))
+                listening = False
+        finally:
+            if listening:
+                await conn.execute(query("unlisten_commits"))
 
     async def _aconn(self) -> Any:
         if self.pool.closed:

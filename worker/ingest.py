@@ -196,9 +196,10 @@ class Ingest:
         shards = [s for s in sorted(self.owned) if s not in self.recovering]
         if not shards:
             return  # every shard busy: each recovery above already waited for its lock
-        work = [(s, e) for s, e in self._read(shards).items() if s in self.owned and e]
+        read, held = self._read(shards)
+        work = [(s, e) for s, e in read.items() if s in self.owned and e]
         if work:
-            work = self._older_first(work)
+            work = self._older_first(work, held)
         if len(work) > 1 and self.settings.ingest_threads > 1:
             # Shards are independent: while one thread waits on Postgres (psycopg
             # releases the GIL), another decodes and formats the next shard's batch.
@@ -219,19 +220,25 @@ class Ingest:
                 log.info("effects relayed by the sweep", count=sent)
             self._next_effects = now + EFFECTS_SWEEP_S
 
-    def _older_first(self, work: list[tuple[int, list[Entry]]]) -> list[tuple[int, list[Entry]]]:
-        """Where a former owner still holds entries, they are older than what we just
-        read: recover the shard (ours and theirs, merged in stream order) instead."""
-        late = self.streams.others_pending([s for s, _ in work])
+    def _older_first(
+        self, work: list[tuple[int, list[Entry]]], held: Sequence[int]
+    ) -> list[tuple[int, list[Entry]]]:
+        """Where a former owner still holds entries (`held`: seen just after our read),
+        they are older than what we just read: recover the shard (ours and theirs, merged
+        in stream order) instead."""
+        late = [s for s, _ in work if s in held]
         for shard in late:
             log.warning("former owner holds entries, claiming them first", shard=shard)
             self.recover(shard, False)
         # A recovery can renew our leases and so lose some: those shards are not ours.
         return [(s, e) for s, e in work if s not in late and s in self.owned]
 
-    def _read(self, shards: Sequence[int]) -> dict[int, list[Entry]]:
+    def _read(self, shards: Sequence[int]) -> tuple[dict[int, list[Entry]], list[int]]:
+        """New entries, and the shards where another consumer holds entries."""
         try:
-            return self.streams.read_new(shards, self.settings.batch_size, self.settings.block_ms)
+            return self.streams.read_new_checked(
+                shards, self.settings.batch_size, self.settings.block_ms
+            )
         except redis.ResponseError as e:
             if "NOGROUP" not in str(e):
                 raise
@@ -239,7 +246,7 @@ class Ingest:
             log.warning("consumer group missing, recreating", error=str(e))
             for shard in shards:
                 self.streams.ensure_group(shard)
-            return {}
+            return {}, []
 
     # -- leases ---------------------------------------------------------------------------
     def rebalance(self) -> None:

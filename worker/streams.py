@@ -123,12 +123,39 @@ class Streams:
 
     def read_new(self, shards: Sequence[int], count: int, block_ms: int) -> dict[int, list[Entry]]:
         """Never-delivered entries of our shards, in one blocking XREADGROUP."""
-        streams = {keys.stream(s): ">" for s in shards}
-        reply = self.redis.xreadgroup(
-            keys.INGEST_GROUP, self.consumer, streams, count=count, block=block_ms
+        return self.read_new_checked(shards, count, block_ms)[0]
+
+    def read_new_checked(
+        self, shards: Sequence[int], count: int, block_ms: int
+    ) -> tuple[dict[int, list[Entry]], list[int]]:
+        """`read_new`, and then `others_pending` of the same shards, in one round trip.
+
+        Redis runs a pipeline's commands in order, and those after a blocking read only
+        once it returns, so the pending summaries are taken after our read, exactly as a
+        separate `others_pending` call would take them; one round trip less per batch.
+        """
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xreadgroup(
+            keys.INGEST_GROUP,
+            self.consumer,
+            {keys.stream(s): ">" for s in shards},
+            count=count,
+            block=block_ms,
         )
+        for shard in shards:
+            pipe.xpending(keys.stream(shard), keys.INGEST_GROUP)
+        reply, *summaries = pipe.execute()
         by_name = {keys.stream(s): s for s in shards}
-        return {by_name[name.decode()]: _decode_entries(items) for name, items in reply or []}
+        read = {by_name[_s(name)]: _decode_entries(items) for name, items in reply or []}
+        return read, self._held_by_others(shards, summaries)
+
+    def _held_by_others(self, shards: Sequence[int], summaries: Sequence[Any]) -> list[int]:
+        out = []
+        for shard, summary in zip(shards, summaries, strict=True):
+            names = {_s(c["name"]) for c in summary.get("consumers") or []}
+            if names - {self.consumer}:
+                out.append(shard)
+        return out
 
     def read_own_pending(self, shard: int) -> list[Entry]:
         """Our unacknowledged entries, re-delivered: counts as a delivery (after a restart)."""
@@ -231,12 +258,7 @@ class Streams:
         pipe = self.redis.pipeline(transaction=False)
         for shard in shards:
             pipe.xpending(keys.stream(shard), keys.INGEST_GROUP)
-        out = []
-        for shard, summary in zip(shards, pipe.execute(), strict=True):
-            names = {_s(c["name"]) for c in summary.get("consumers") or []}
-            if names - {self.consumer}:
-                out.append(shard)
-        return out
+        return self._held_by_others(shards, pipe.execute())
 
     # -- run records, for `contextlog status` -----------------------------------------------
     def record_start(self, now_ms: int) -> None:

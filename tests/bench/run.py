@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 import psycopg
 import redis
 
-from tests.bench import context, idle, ingest, report, sessions
+from tests.bench import context, idle, ingest, peers, report, sessions
 from tests.bench.harness import BenchEnv, BenchError, Benchmark, Result
 from tests.support.services import NotOurs, create_database, drop_database, flush_owned
 
@@ -32,6 +32,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "read_your_writes": context.run_read_your_writes,
     "sessions": sessions.run,
     "idle": idle.run,
+    "peers": peers.run,
 }
 
 

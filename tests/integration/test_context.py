@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import threading
 from collections.abc import Iterator
 from typing import Any
+from uuid import UUID
 
 import anthropic
 import httpx2
@@ -47,7 +49,7 @@ class Log:
     ) -> str:
         self.n += 1
         event = cls(
-            event_id=uuid7(),
+            event_id=fields.pop("event_id", None) or uuid7(),
             agent="alpha",
             channel=channel,
             thread=thread,
@@ -173,6 +175,70 @@ def test_wait_for_reads_your_writes(db: str, redis_url: str, reader: ContextRead
 def test_wait_for_an_event_never_stored_raises_a_clear_error(reader: ContextReader) -> None:
     with pytest.raises(NotVisible, match="is `contextlog ingest` running"):
         reader.context("alpha", "general", wait_for=str(uuid7()), timeout=0.05)
+
+
+def _later(log: Log, event_id: str, delay: float = 0.3, text: str = "late") -> threading.Timer:
+    """Store a message a moment from now, as ingest would, while a reader waits for it."""
+    at = NOW - HOUR
+    timer = threading.Timer(delay, log.say, ("user", text, at), {"event_id": UUID(event_id)})
+    timer.start()
+    return timer
+
+
+def _listening(reader: ContextReader) -> list[str]:
+    with reader.connection() as conn:
+        return [r[0] for r in conn.execute("SELECT pg_listening_channels()")]
+
+
+def test_wait_for_wakes_on_the_commit_not_a_timer(
+    log: Log, reader: ContextReader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With the fallback re-check at 60 s, only the commit's notification can end the wait.
+    monkeypatch.setattr("contextlog.producers.reader.POLL_SECONDS", 60.0)
+    eid = str(uuid7())
+    timer = _later(log, eid)
+    ctx = reader.context("alpha", "general", wait_for=eid, timeout=20, now=NOW)
+    timer.join()
+    assert texts(ctx) == ["late"]
+    assert _listening(reader) == []  # the pooled connection stopped listening
+
+
+def test_wait_for_sleeps_through_other_commits(
+    log: Log, reader: ContextReader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A commit without the awaited event wakes the reader, which listens again and waits on.
+    monkeypatch.setattr("contextlog.producers.reader.POLL_SECONDS", 60.0)
+    eid = str(uuid7())
+    timers = [_later(log, str(uuid7()), 0.2, "other"), _later(log, eid, 0.6)]
+    ctx = reader.context("alpha", "general", wait_for=eid, timeout=20, now=NOW)
+    for t in timers:
+        t.join()
+    assert texts(ctx) == ["other", "late"]
+    assert _listening(reader) == []
+
+
+def test_a_failed_wait_stops_listening(reader: ContextReader) -> None:
+    with pytest.raises(NotVisible):
+        reader.context("alpha", "general", wait_for=str(uuid7()), timeout=0.05)
+    assert _listening(reader) == []
+
+
+def test_async_wait_for_wakes_on_the_commit(
+    log: Log, db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("contextlog.producers.reader.POLL_SECONDS", 60.0)
+    eid = str(uuid7())
+
+    async def go() -> list[str]:
+        r = AsyncContextReader.from_url(db, defaults=ConversationDefaults())
+        try:
+            return texts(await r.context("alpha", "general", wait_for=eid, timeout=20, now=NOW))
+        finally:
+            await r.aclose()
+
+    timer = _later(log, eid)
+    assert asyncio.run(go()) == ["late"]
+    timer.join()
 
 
 def test_async_reader(log: Log, db: str) -> None:
