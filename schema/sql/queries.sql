@@ -97,34 +97,56 @@ LEFT JOIN threads t
 WHERE c.agent = %(agent)s AND c.channel = %(channel)s;
 
 -- name: window_messages
--- The window of one thread: messages after max(last clear, now - rolling window), plus
+-- The window of one thread: messages after max(last clear, rolling-window cut-off), plus
 -- those of a restored session while its restore is within the rolling window, less
 -- what a compaction replaced (seq <= compacted_through_seq). The cut-off is computed
 -- here from the projection rows, so the reader can send this query in the same round
 -- trip as `conversation_state` (pipeline mode). Two branches, each served by an index:
 -- the window index by time, the (agent, channel, seq) key by the restored positions.
+--
+-- Cache-stable trimming (producers/context.py `trim_start` is the same rule in Python):
+-- the rolling cut-off moves in steps of 1/24 of the window (floored, so the window
+-- reaches back up to one step further), and a window over the budget starts at the first
+-- row whose `before` (tokens of the window before it) reaches a multiple of the step
+-- budget/2 chosen so the rest fits. The start moves only when the window grows by
+-- half a budget, so one trim serves many turns; only those rows are fetched and
+-- decoded (`bounded`), whatever the window's length.
 WITH c AS (
     SELECT cleared_seq, restored_seqs, restored_at,
            coalesce((SELECT compacted_through_seq FROM threads
                      WHERE agent = %(agent)s AND channel = %(channel)s
                        AND thread = %(thread)s), 0) AS compacted,
-           %(now)s::timestamptz
-           - make_interval(secs => coalesce(rolling_window, %(default_window)s)) AS cutoff
+           coalesce(token_budget, %(default_budget)s) AS budget,
+           greatest(1, coalesce(token_budget, %(default_budget)s) / 2) AS step,
+           to_timestamp(floor(extract(epoch FROM %(now)s::timestamptz
+               - make_interval(secs => coalesce(rolling_window, %(default_window)s)))
+               / greatest(1, coalesce(rolling_window, %(default_window)s) / 24))
+               * greatest(1, coalesce(rolling_window, %(default_window)s) / 24)) AS cutoff
     FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s
+), w AS (
+    SELECT e.seq, e.occurred_at, e.tokens, e.payload
+    FROM c JOIN events e
+      ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.thread = %(thread)s
+     AND e.kind = 'message.v1' AND e.occurred_at >= c.cutoff AND e.seq > c.cleared_seq
+     AND e.seq > c.compacted
+    UNION ALL
+    SELECT e.seq, e.occurred_at, e.tokens, e.payload
+    FROM c JOIN events e
+      ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq = ANY(c.restored_seqs)
+     AND e.thread = %(thread)s AND e.seq > c.compacted
+    WHERE c.restored_at >= c.cutoff
+), s AS (
+    SELECT w.*, sum(w.tokens) OVER (ORDER BY w.seq ROWS UNBOUNDED PRECEDING) - w.tokens
+               AS before,
+           sum(w.tokens) OVER () AS total
+    FROM w
 )
-SELECT e.seq, e.occurred_at, e.tokens, e.payload->>'role', e.payload->'content'
-FROM c JOIN events e
-  ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.thread = %(thread)s
- AND e.kind = 'message.v1' AND e.occurred_at >= c.cutoff AND e.seq > c.cleared_seq
- AND e.seq > c.compacted
-UNION ALL
-SELECT e.seq, e.occurred_at, e.tokens, e.payload->>'role', e.payload->'content'
-FROM c JOIN events e
-  ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq = ANY(c.restored_seqs)
- AND e.thread = %(thread)s AND e.seq > c.compacted
-WHERE c.restored_at >= c.cutoff
+SELECT s.seq, s.occurred_at, s.tokens, s.payload->>'role', s.payload->'content',
+       s.before::bigint, s.total::bigint
+FROM s, c
+WHERE NOT %(bounded)s
+   OR s.before >= greatest(0, ceil((s.total - c.budget)::numeric / c.step)) * c.step
 ORDER BY 1;
-
 -- name: active_threads
 WITH c AS (
     SELECT %(now)s::timestamptz

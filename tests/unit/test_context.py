@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from hypothesis import given, settings
@@ -248,3 +249,26 @@ def test_cache_control_is_not_kept_in_history() -> None:
     assert ctx.messages[0]["content"] == [{"type": "text", "text": "big doc"}] * 5
     assert ctx.messages[2]["content"][0]["content"] == [{"type": "text", "text": "big doc"}]
     assert marked["cache_control"] == {"type": "ephemeral"}  # stored blocks are not mutated
+
+
+def test_over_budget_the_start_moves_in_coarse_steps_and_the_prefix_holds() -> None:
+    """Read before each turn of a long conversation: each context's messages are the
+    previous one's plus the new turns, byte for byte, except at a trim step; steps are
+    rare (half a budget of growth apart) and no context is over budget."""
+    history: list[StoredMessage] = []
+    budget, previous, steps = 2_000, None, 0
+    for turn in range(300):
+        seq = len(history)
+        history.append(msg(seq + 1, "user", f"question {turn} " + "x" * 200, 60))
+        if turn % 3 == 0:  # some turns use a tool
+            history.append(msg(seq + 2, "assistant", [use(f"t{turn}")], 20))
+            history.append(msg(seq + 3, "user", [result(f"t{turn}")], 20))
+        ctx = build_context(history, budget=budget)
+        assert ctx.token_estimate <= budget and check_messages(ctx.messages) == []
+        if previous is not None:
+            grown = json.dumps(ctx.messages[: len(previous)]) == json.dumps(previous)
+            steps += not grown
+        previous = ctx.messages
+        history.append(msg(len(history) + 1, "assistant", f"answer {turn}", 30))
+    total = sum(m.tokens for m in history)
+    assert 0 < steps <= total // (budget // 2) + 1
