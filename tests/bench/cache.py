@@ -20,7 +20,7 @@ import datetime as dt
 import json
 import statistics
 import time
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 
@@ -119,7 +119,7 @@ class Log:
             channel="general",
             thread=thread,
             occurred_at=at,
-            role=role,
+            role=cast(Any, role),
             content=content,
         )
         payload = codec.encode(event)
@@ -195,7 +195,7 @@ class Peer:
                     [{"type": "tool_result", "tool_use_id": m.tool_call_id, "content": m.content}],
                 )
             else:
-                role, blocks = ("user" if m.type == "human" else "assistant"), list(m.content)
+                role, blocks = ("user" if m.type == "human" else "assistant"), list(cast(Any, m.content))
             if messages and messages[-1]["role"] == role:
                 messages[-1]["content"] += blocks
             else:
