@@ -195,7 +195,8 @@ class Peer:
                     [{"type": "tool_result", "tool_use_id": m.tool_call_id, "content": m.content}],
                 )
             else:
-                role, blocks = ("user" if m.type == "human" else "assistant"), list(cast(Any, m.content))
+                role = "user" if m.type == "human" else "assistant"
+                blocks = list(cast(Any, m.content))
             if messages and messages[-1]["role"] == role:
                 messages[-1]["content"] += blocks
             else:
