@@ -124,28 +124,36 @@ WITH c AS (
                * greatest(1, coalesce(rolling_window, %(default_window)s) / 24)) AS cutoff
     FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s
 ), w AS (
-    SELECT e.seq, e.occurred_at, e.tokens, e.payload
+    -- Positions and token counts only: the window's sums are taken over these, and
+    -- the payload is read for the kept rows alone.
+    SELECT e.seq, e.tokens
     FROM c JOIN events e
       ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.thread = %(thread)s
      AND e.kind = 'message.v1' AND e.occurred_at >= c.cutoff AND e.seq > c.cleared_seq
      AND e.seq > c.compacted
     UNION ALL
-    SELECT e.seq, e.occurred_at, e.tokens, e.payload
+    SELECT e.seq, e.tokens
     FROM c JOIN events e
       ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq = ANY(c.restored_seqs)
      AND e.thread = %(thread)s AND e.seq > c.compacted
     WHERE c.restored_at >= c.cutoff
-), s AS (
-    SELECT w.*, sum(w.tokens) OVER (ORDER BY w.seq ROWS UNBOUNDED PRECEDING) - w.tokens
-               AS before,
-           sum(w.tokens) OVER () AS total
-    FROM w
+), cut AS (
+    -- Where the kept part starts, in tokens of the window ahead of it: 0, or the
+    -- smallest multiple of the step that leaves at most the budget.
+    SELECT t.total, CASE WHEN NOT %(bounded)s OR t.total <= c.budget THEN 0
+                         ELSE (t.total - c.budget + c.step - 1) / c.step * c.step END AS at
+    FROM (SELECT coalesce(sum(tokens), 0) AS total FROM w) t, c
+), k AS (
+    SELECT s.seq, s.before, cut.total
+    FROM (SELECT w.seq,
+                 sum(w.tokens) OVER (ORDER BY w.seq ROWS UNBOUNDED PRECEDING) - w.tokens
+                     AS before
+          FROM w) s, cut
+    WHERE s.before >= cut.at
 )
-SELECT s.seq, s.occurred_at, s.tokens, s.payload->>'role', s.payload->'content',
-       s.before::bigint, s.total::bigint
-FROM s, c
-WHERE NOT %(bounded)s
-   OR s.before >= greatest(0, ceil((s.total - c.budget)::numeric / c.step)) * c.step
+SELECT e.seq, e.occurred_at, e.tokens, e.payload->>'role', e.payload->'content',
+       k.before::bigint, k.total::bigint
+FROM k JOIN events e ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq = k.seq
 ORDER BY 1;
 -- name: active_threads
 WITH c AS (
