@@ -10,8 +10,9 @@ rarely (DESIGN invariant 9); the breakpoints placed here let the API reuse it:
    next request (the same turns plus new ones) reads it;
 2. the end of the bot's own system prompt (or tools): stable for the bot's lifetime,
    it survives a change of our preamble or a trim of the messages;
-3. the turn before the newest user turn (the previous request's end): a read within
-   the API's 20-block look-back is not needed to hit it;
+3. the user turn before the newest one: where the previous request (read before the
+   last answer) ended and wrote its cache entry, so the hit does not depend on the
+   API's 20-block look-back from breakpoint 1;
 4. our preamble: a restored session's or compaction's summary, stable between them.
 
 Breakpoints the adapter set itself on its tools or system count against the four; ours
@@ -87,8 +88,8 @@ def _mark(
         wanted.append(("system", len(own) - 1))
     elif tools:
         wanted.append(("tool", len(tools) - 1))
-    if len(user_turns) > 1 and user_turns[-1] > 0:
-        wanted.append(("message", user_turns[-1] - 1))
+    if len(user_turns) > 1:
+        wanted.append(("message", user_turns[-2]))
     if len(system) > len(own):
         wanted.append(("system", len(system) - 1))
     for where, i in wanted:

@@ -63,7 +63,7 @@ def test_cache_marks_the_bots_prompt_the_newest_turn_and_the_previous_one() -> N
     assert kw["system"][0]["cache_control"] == eph  # the bot's stable part
     assert kw["system"][1]["cache_control"] == eph  # our preamble
     assert kw["messages"][-1]["content"][-1]["cache_control"] == eph  # the newest turn
-    assert kw["messages"][-2]["content"][-1]["cache_control"] == eph  # the previous end
+    assert kw["messages"][-3]["content"][-1]["cache_control"] == eph  # the previous end
     assert marks(kw) == 4
     assert "cache_control" not in json.dumps(ctx.messages)  # the context is not changed
 
@@ -80,11 +80,11 @@ def test_breakpoints_the_adapter_set_count_against_the_four() -> None:
 def test_a_breakpoint_is_never_put_on_thinking() -> None:
     convo = [("user", "q"), ("assistant", [thinking("1"), use("a")]),
              ("user", [{"type": "tool_result", "tool_use_id": "a", "content": "ok"}]),
-             ("assistant", [thinking("2")])]  # fmt: skip
-    ctx = build_context(stored(convo[:3]), budget=1000)
-    kw = ctx.to_anthropic(cache=True)
-    assert check_messages(kw["messages"], thinking=True) == []
-    assert "cache_control" in kw["messages"][1]["content"][-1]  # the tool_use, not thinking
+             ("assistant", [thinking("2"), {"type": "text", "text": "so"}])]  # fmt: skip
+    kw = build_context(stored(convo), budget=1000).to_anthropic(cache=True)
+    assert check_messages(kw["messages"], thinking=True) == []  # the oracle refuses it
+    last = kw["messages"][-1]["content"]
+    assert "cache_control" not in last[0] and "cache_control" in last[-1]
 
 
 @settings(max_examples=200, deadline=None)
