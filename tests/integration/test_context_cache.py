@@ -13,11 +13,11 @@ import psycopg
 
 from contextlog.producers import ContextReader
 from contextlog.producers.context import build_context
-from contextlog.producers.reader import stored, window_params
+from contextlog.producers.reader import rolling_cutoff, stored, window_params
 from contextlog.schema import events as ev
 from contextlog.schema.defaults import ConversationDefaults
 from contextlog.schema.queries import query
-from tests.integration.test_context import NOW, Log, client, log, reader, result
+from tests.integration.test_context import HOUR, NOW, Log, client, log, reader, result
 from tests.support.anthropic_rules import check_messages, check_params
 from tests.support.blocks import thinking, use
 
@@ -78,3 +78,20 @@ def test_the_bounded_fetch_gives_the_context_of_the_whole_window(db: str) -> Non
         assert ctx.token_estimate <= budget or len(ctx.messages) <= 4
         if budget < 10**9:
             assert len(cut) < len(rows) / 2  # rows that cannot fit are not fetched
+
+
+def test_the_rolling_edge_moves_in_steps_the_sql_and_python_agree(db: str, log: Log) -> None:
+    """Messages a minute apart over 26 hours: reads during one step of the edge (1/24 of
+    the window: an hour) all start at the same message, the one the step's start names."""
+    r = ContextReader.from_url(db, defaults=ConversationDefaults(token_budget=10**9))
+    for i in range(0, 26 * 60, 20):
+        log.say("user" if i % 40 == 0 else "assistant", f"m{i}", NOW - (26 * 60 - i) * MINUTE)
+    firsts = set()
+    for minutes in range(0, 60, 7):  # NOW is on an hour: one step
+        now = NOW + minutes * MINUTE
+        ctx = r.context("alpha", "general", now=now)
+        assert ctx.window_start == rolling_cutoff(now, 86_400) == NOW - 24 * HOUR
+        firsts.add(json.dumps(ctx.messages[0]))
+    later = r.context("alpha", "general", now=NOW + 60 * MINUTE)
+    r.close()
+    assert len(firsts) == 1 and json.dumps(later.messages[0]) not in firsts
