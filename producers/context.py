@@ -331,7 +331,8 @@ def coarse_trim(
     messages: list[StoredMessage], before: Sequence[int] | None, budget: int, available: int
 ) -> tuple[list[StoredMessage], bool]:
     """The window less the coarse trim's cut (see `trim_start`); the whole window when
-    the cut would leave no exchange to start at (the newest one alone is too big)."""
+    the cut would leave no exchange to start at (the newest one alone is too big):
+    `fit_budget` then drops what it must, exchange by exchange."""
     if not messages:
         return messages, False
     if before is None:
@@ -340,13 +341,16 @@ def coarse_trim(
             before.append(run)
             run += m.tokens
     total = before[-1] + messages[-1].tokens
-    i = trim_start(before, total, budget, available)
-    if i == 0:
-        return messages, False
-    kept = messages[i:]
-    if not any(clean_start(m.role, m.content) for m in kept):
-        return messages, False
-    return kept, True
+    # With the preamble's tokens taken off the budget; failing that, the cut the window
+    # query made (it does not know the preamble), so both paths agree.
+    for room in (available, budget):
+        i = trim_start(before, total, budget, room)
+        if i == 0:
+            return messages, False
+        kept = messages[i:]
+        if any(clean_start(m.role, m.content) for m in kept):
+            return kept, True
+    return messages, False
 
 
 def fit_budget(turns: list[Turn], budget: int) -> tuple[list[Turn], bool]:

@@ -8,7 +8,14 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contextlog.producers.context import THINKING, StoredMessage, build_context, estimate_tokens
+from contextlog.producers.context import (
+    THINKING,
+    StoredMessage,
+    build_context,
+    clean_start,
+    estimate_tokens,
+    trim_start,
+)
 from tests.support.anthropic_rules import check_messages
 from tests.support.blocks import conversation
 
@@ -272,3 +279,27 @@ def test_over_budget_the_start_moves_in_coarse_steps_and_the_prefix_holds() -> N
         history.append(msg(len(history) + 1, "assistant", f"answer {turn}", 30))
     total = sum(m.tokens for m in history)
     assert 0 < steps <= total // (budget // 2) + 1
+
+
+@settings(max_examples=300)
+@given(log=logs(), budget=st.integers(1, 400), system=st.sampled_from([None, "s" * 200]))
+def test_the_tail_the_query_fetches_gives_the_context_of_the_whole_window(
+    log: list[StoredMessage], budget: int, system: str | None
+) -> None:
+    """The window query cuts at the budget's step (`trim_start` without the preamble);
+    assembling that tail with its `before` counts equals assembling the whole window."""
+    before, run = [], 0
+    for m in log:
+        before.append(run)
+        run += m.tokens
+    whole = build_context(log, budget=budget, system=system)
+    i = trim_start(before, run, budget, budget)
+    tail = log[i:]
+    if not any(clean_start(m.role, m.content) for m in tail):
+        return  # the reader fetches the whole window then (`reader.complete`)
+    part = build_context(tail, budget=budget, system=system, before=before[i:])
+    assert part.messages == whole.messages and part.truncated == whole.truncated
+    if whole.token_estimate > budget:  # only the newest exchange alone may pass it
+        assert len([m for m in whole.messages if m["role"] == "user"]) <= 1 or not any(
+            clean_start(m.role, m.content) for m in log
+        )
