@@ -17,6 +17,11 @@ are cut). A window that begins inside a tool-use cycle (a window edge, a clear, 
 restore landing there) starts at the cycle's end instead, so a cycle's thinking is never
 separated from the tool use it preceded. `cache_control` is dropped from every block:
 breakpoints are the adapter's per request choice and would pile up in history.
+
+Budget trims keep the prompt cache warm (DESIGN invariant 9): the window's start moves
+in steps of half the budget (`trim_start`), a pure function of the stored window, so
+consecutive reads share their whole earlier prefix and one trim serves many turns; the
+window query makes the same cut in SQL and fetches only what it keeps.
 """
 
 from __future__ import annotations
