@@ -140,16 +140,17 @@ WITH c AS (
 ), cut AS (
     -- Where the kept part starts, in tokens of the window ahead of it: 0, or the
     -- smallest multiple of the step that leaves at most the budget.
-    SELECT t.total, CASE WHEN NOT %(bounded)s OR t.total <= c.budget THEN 0
+    -- The newest row is always fetched: an empty answer means an empty window.
+    SELECT t.total, t.last, CASE WHEN NOT %(bounded)s OR t.total <= c.budget THEN 0
                          ELSE (t.total - c.budget + c.step - 1) / c.step * c.step END AS at
-    FROM (SELECT coalesce(sum(tokens), 0) AS total FROM w) t, c
+    FROM (SELECT coalesce(sum(tokens), 0) AS total, max(seq) AS last FROM w) t, c
 ), k AS (
     SELECT s.seq, s.before, cut.total
     FROM (SELECT w.seq,
                  sum(w.tokens) OVER (ORDER BY w.seq ROWS UNBOUNDED PRECEDING) - w.tokens
                      AS before
           FROM w) s, cut
-    WHERE s.before >= cut.at
+    WHERE s.before >= cut.at OR s.seq = cut.last
 )
 SELECT e.seq, e.occurred_at, e.tokens, e.payload->>'role', e.payload->'content',
        k.before::bigint, k.total::bigint

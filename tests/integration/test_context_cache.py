@@ -5,13 +5,14 @@ accepts the request with the bot's own system prompt, tools and breakpoints."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 from typing import Any
 
 import psycopg
 
-from contextlog.producers import ContextReader
+from contextlog.producers import AsyncContextReader, ContextReader
 from contextlog.producers.context import build_context
 from contextlog.producers.reader import rolling_cutoff, stored, window_params
 from contextlog.schema import events as ev
@@ -95,3 +96,27 @@ def test_the_rolling_edge_moves_in_steps_the_sql_and_python_agree(db: str, log: 
     later = r.context("alpha", "general", now=NOW + 60 * MINUTE)
     r.close()
     assert len(firsts) == 1 and json.dumps(later.messages[0]) not in firsts
+
+
+def test_a_newest_exchange_over_the_budget_is_still_read_whole(db: str, log: Log) -> None:
+    """The budget's cut lands inside the newest exchange (no turn to start at in the
+    fetched rows): the reader fetches the whole window and keeps that exchange, valid."""
+    log.add(ev.Configured, NOW - 10 * MINUTE, token_budget=300)
+    log.say("user", "small question", NOW - 9 * MINUTE)
+    log.say("assistant", "small answer", NOW - 9 * MINUTE)
+    log.say("user", "big question", NOW - 8 * MINUTE)
+    log.say("assistant", [thinking("1"), use("a")], NOW - 8 * MINUTE)
+    log.say("user", [{**result("a"), "content": "x" * 4000}], NOW - 7 * MINUTE)
+
+    async def read_async() -> Any:
+        r = AsyncContextReader.from_url(db)
+        try:
+            return await r.context("alpha", "general", now=NOW)
+        finally:
+            await r.aclose()
+
+    r = ContextReader.from_url(db)
+    for ctx in (r.context("alpha", "general", now=NOW), asyncio.run(read_async())):
+        assert ctx.messages[0]["content"] == [{"type": "text", "text": "big question"}]
+        assert check_messages(ctx.messages, thinking=True) == [] and ctx.truncated
+    r.close()
