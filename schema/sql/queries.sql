@@ -137,14 +137,14 @@ WITH c AS (
       ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq = ANY(c.restored_seqs)
      AND e.thread = %(thread)s AND e.seq > c.compacted
     WHERE c.restored_at >= c.cutoff
-), cut AS (
+), cut AS MATERIALIZED (
     -- Where the kept part starts, in tokens of the window ahead of it: 0, or the
     -- smallest multiple of the step that leaves at most the budget.
     -- The newest row is always fetched: an empty answer means an empty window.
     SELECT t.total, t.last, CASE WHEN NOT %(bounded)s OR t.total <= c.budget THEN 0
                          ELSE (t.total - c.budget + c.step - 1) / c.step * c.step END AS at
     FROM (SELECT coalesce(sum(tokens), 0) AS total, max(seq) AS last FROM w) t, c
-), k AS (
+), k AS MATERIALIZED (
     SELECT s.seq, s.before, cut.total
     FROM (SELECT w.seq,
                  sum(w.tokens) OVER (ORDER BY w.seq ROWS UNBOUNDED PRECEDING) - w.tokens
@@ -152,9 +152,16 @@ WITH c AS (
           FROM w) s, cut
     WHERE s.before >= cut.at OR s.seq = cut.last
 )
-SELECT e.seq, e.occurred_at, e.tokens, e.payload->>'role', e.payload->'content',
+SELECT k.seq, e.occurred_at, e.tokens, e.payload->>'role', e.payload->'content',
        k.before::bigint, k.total::bigint
-FROM k JOIN events e ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq = k.seq
+-- One lookup by key per kept row, whatever the planner estimates (LIMIT keeps the
+-- subquery from being flattened into a join; MATERIALIZED above for the same reason:
+-- a fresh table has no statistics, and a plan that joins first reads every payload of
+-- the window, or sums the window once per row).
+FROM k CROSS JOIN LATERAL (
+    SELECT e.occurred_at, e.tokens, e.payload FROM events e
+    WHERE e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq = k.seq LIMIT 1
+) e
 ORDER BY 1;
 -- name: active_threads
 WITH c AS (
