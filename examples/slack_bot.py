@@ -81,12 +81,18 @@ async def echo_reply(ctx: Context) -> str:
     return f"(echo) {last_user_text(ctx)}  [context: {turns} turns, ~{ctx.token_estimate} tokens]"
 
 
-def claude_reply(client: Any, model: str, max_tokens: int = 1024) -> Reply:
-    """Replies from the Messages API (`anthropic.AsyncAnthropic`) with the context."""
+SYSTEM_PROMPT = "You are a helpful assistant in a Slack workspace. Answer briefly."
+
+
+def claude_reply(
+    client: Any, model: str, max_tokens: int = 1024, *, system: str = SYSTEM_PROMPT
+) -> Reply:
+    """Replies from the Messages API (`anthropic.AsyncAnthropic`) with the context, the
+    bot's own system prompt ahead of ours, and prompt-cache breakpoints."""
 
     async def reply(ctx: Context) -> str:
         answer = await client.messages.create(
-            model=model, max_tokens=max_tokens, **ctx.to_anthropic()
+            model=model, max_tokens=max_tokens, **ctx.to_anthropic(system=system, cache=True)
         )
         return "".join(b.text for b in answer.content if b.type == "text")
 

@@ -17,6 +17,11 @@ are cut). A window that begins inside a tool-use cycle (a window edge, a clear, 
 restore landing there) starts at the cycle's end instead, so a cycle's thinking is never
 separated from the tool use it preceded. `cache_control` is dropped from every block:
 breakpoints are the adapter's per request choice and would pile up in history.
+
+Budget trims keep the prompt cache warm (DESIGN invariant 9): the window's start moves
+in steps of half the budget (`trim_start`), a pure function of the stored window, so
+consecutive reads share their whole earlier prefix and one trim serves many turns; the
+window query makes the same cut in SQL and fetches only what it keeps.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
+from contextlog.producers import prompt
 from contextlog.schema import blocks as contract
 
 Block = dict[str, Any]
@@ -66,12 +72,19 @@ class Context:
     # messages are what came after it.
     compacted: bool = False
 
-    def to_anthropic(self) -> dict[str, Any]:
-        """Keyword arguments for `client.messages.create(model=..., max_tokens=..., **ctx)`."""
-        out: dict[str, Any] = {"messages": self.messages}
-        if self.system:
-            out["system"] = self.system
-        return out
+    def to_anthropic(
+        self,
+        *,
+        system: str | Sequence[Block] | None = None,
+        tools: Sequence[Block] | None = None,
+        cache: bool = False,
+    ) -> dict[str, Any]:
+        """Keyword arguments for `client.messages.create(model=..., max_tokens=..., **kw)`,
+        in the order the API caches them: tools, system, messages. The bot's own `system`
+        (a string or text blocks) comes first and our preamble after it, so a new
+        preamble (a restore, a compaction) leaves the bot's tools and prompt cached.
+        `cache=True` adds `cache_control` breakpoints (see `producers/prompt.py`)."""
+        return prompt.request(self, system=system, tools=tools, cache=cache)
 
 
 def estimate_tokens(content: str | Sequence[Block]) -> int:
@@ -93,9 +106,7 @@ def _blocks(content: str | list[Block]) -> list[Block]:
     block."""
     if isinstance(content, str):
         return [] if _blank(content) else [{"type": "text", "text": content}]
-    return [
-        _uncached(b) for b in content if b.get("type") != "text" or not _blank(b.get("text"))
-    ]
+    return [_uncached(b) for b in content if b.get("type") != "text" or not _blank(b.get("text"))]
 
 
 def _uncached(block: Block) -> Block:
@@ -295,6 +306,58 @@ def units(turns: list[Turn]) -> list[list[Turn]]:
     return out
 
 
+def clean_start(role: str, content: str | list[Block]) -> bool:
+    """A stored message where an exchange can start: a user message that answers no
+    tool call and holds something."""
+    if role != "user":
+        return False
+    if isinstance(content, str):
+        return not _blank(content)
+    return bool(_blocks(content)) and not any(b.get("type") == "tool_result" for b in content)
+
+
+def step_of(budget: int) -> int:
+    """How far the window's start moves when a trim is due: half the budget, so one
+    trim leaves room for half a budget of new turns before the next one."""
+    return max(1, budget // 2)
+
+
+def trim_start(before: Sequence[int], total: int, budget: int, available: int) -> int:
+    """Index of the first message the coarse trim keeps: the first whose `before` (tokens
+    of the window ahead of it) reaches the smallest multiple of the step that leaves at
+    most `available` tokens. A pure function of the stored window: consecutive reads
+    agree, and the start moves only when the window grew by a whole step."""
+    step = step_of(budget)
+    cut = max(0, -(-(total - available) // step)) * step
+    return next((i for i, b in enumerate(before) if b >= cut), len(before))
+
+
+def coarse_trim(
+    messages: list[StoredMessage], before: Sequence[int] | None, budget: int, available: int
+) -> tuple[list[StoredMessage], bool]:
+    """The window less the coarse trim's cut (see `trim_start`); the whole window when
+    the cut would leave no exchange to start at (the newest one alone is too big):
+    `fit_budget` then drops what it must, exchange by exchange."""
+    if not messages:
+        return messages, False
+    if before is None:
+        before, run = [], 0
+        for m in messages:
+            before.append(run)
+            run += m.tokens
+    total = before[-1] + messages[-1].tokens
+    # With the preamble's tokens taken off the budget; failing that, the cut the window
+    # query made (it does not know the preamble), so both paths agree.
+    for room in (available, budget):
+        i = trim_start(before, total, budget, room)
+        if i == 0:
+            return messages, False
+        kept = messages[i:]
+        if any(clean_start(m.role, m.content) for m in kept):
+            return kept, True
+    return messages, False
+
+
 def fit_budget(turns: list[Turn], budget: int) -> tuple[list[Turn], bool]:
     """Drop the oldest whole exchanges until the estimate fits; the newest always stays."""
     kept = units(turns)
@@ -313,14 +376,23 @@ def build_context(
     system: str | None = None,
     window_start: dt.datetime | None = None,
     compacted: bool = False,
+    before: Sequence[int] | None = None,
 ) -> Context:
     """The valid, budget-fitted context of a window of messages (oldest first); the
-    system text (preamble, summaries) counts against the budget too."""
+    system text (preamble, summaries) counts against the budget too. `before`: each
+    message's tokens of the window ahead of it, when `messages` is the tail of the
+    window that the window query already cut (the same rule, `trim_start`)."""
     system_tokens = estimate_tokens(system) if system else 0
-    turns = repair(merge_turns(from_cycle_end(list(messages))))
-    turns, truncated = fit_budget(turns, budget - system_tokens)
-    if truncated:
+    available = budget - system_tokens
+    window, truncated = coarse_trim(list(messages), before, budget, available)
+    truncated = truncated or bool(before and before[0] > 0)  # the query cut it already
+    turns = repair(merge_turns(from_cycle_end(window)))
+    # Rarely still over (the newest exchange alone, estimates of merged blocks): drop
+    # whole exchanges as before, exact but not cache-stable.
+    turns, dropped = fit_budget(turns, available)
+    if dropped:
         turns = repair(turns)
+    truncated = truncated or dropped
     return Context(
         messages=[{"role": t.role, "content": t.blocks} for t in turns],
         system=system,

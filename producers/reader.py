@@ -15,7 +15,7 @@ import psycopg.types.json
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from contextlog.producers import attachments
-from contextlog.producers.context import Context, StoredMessage, build_context
+from contextlog.producers.context import Context, StoredMessage, build_context, clean_start
 from contextlog.producers.history import (
     PER_PAGE,
     SessionInfo,
@@ -62,19 +62,29 @@ class Window:
 def plan(
     state: ConversationState | None, defaults: ConversationDefaults, now: dt.datetime
 ) -> Window:
-    """The window starts at max(last clear, now - rolling window); the window query
-    computes the same cut-off in SQL to select the rows."""
+    """The window starts at max(last clear, rolling cut-off); the window query computes
+    the same cut-off in SQL to select the rows."""
     state = state or ConversationState()
-    cutoff = now - dt.timedelta(seconds=state.rolling_window or defaults.rolling_window)
+    cutoff = rolling_cutoff(now, state.rolling_window or defaults.rolling_window)
     start = max(cutoff, state.cleared_at) if state.cleared_at else cutoff
     return Window(start, state.token_budget or defaults.token_budget)
+
+
+def rolling_cutoff(now: dt.datetime, window: int) -> dt.datetime:
+    """now - window, floored to a step of 1/24 of the window: the window's edge moves
+    once a step, not with every read, so the context's first turns (the prompt cache's
+    prefix) stay put in between (the `window_messages` query floors the same way)."""
+    step = max(1, window // 24)
+    edge = (now - dt.timedelta(seconds=window)).timestamp()
+    return dt.datetime.fromtimestamp(edge // step * step, dt.UTC)
 
 
 def preamble(
     state: ConversationState | None, threads: Sequence[tuple[str, int, dt.datetime]]
 ) -> str | None:
     """The system text: a resumed session and its summary, the summary of the compacted
-    older part, the conversation's other active threads."""
+    older part, the conversation's other active threads (names only, sorted: counts and
+    activity times would change the text, and so the prompt cache's prefix, every turn)."""
     parts = []
     if state is not None and state.restored_session:
         saved = state.restored_saved_at
@@ -89,18 +99,15 @@ def preamble(
         )
     if threads:
         lines = ["Other active threads in this conversation:"]
-        for name, count, last in threads:
-            label = "main line" if name == "" else f"thread {name}"
-            lines.append(f"- {label}: {count} messages, last activity {last:%Y-%m-%d %H:%M UTC}")
+        for name, _count, _last in sorted(threads):
+            lines.append("- main line" if name == "" else f"- thread {name}")
         parts.append("\n".join(lines))
     return "\n\n".join(parts) or None
 
 
 def stored(rows: Sequence[tuple[Any, ...]]) -> list[StoredMessage]:
-    """Window rows (seq, occurred_at, tokens, role, content) as messages."""
-    return [
-        StoredMessage(seq, role, content, tokens, at) for seq, at, tokens, role, content in rows
-    ]
+    """Window rows (seq, occurred_at, tokens, role, content, ...) as messages."""
+    return [StoredMessage(r[0], r[3], r[4], r[2], r[1]) for r in rows]
 
 
 def assemble(
@@ -113,8 +120,20 @@ def assemble(
     system = preamble(state, threads)
     compacted = state is not None and bool(state.compaction_summary)
     return build_context(
-        stored(rows), budget=q.budget, system=system, window_start=q.start, compacted=compacted
+        stored(rows),
+        budget=q.budget,
+        system=system,
+        window_start=q.start,
+        compacted=compacted,
+        before=[r[5] for r in rows] if rows and len(rows[0]) > 5 else None,
     )
+
+
+def complete(rows: Sequence[tuple[Any, ...]]) -> bool:
+    """Whether the bounded fetch holds a turn to start at (a user message answering no
+    tool call); if not (the newest exchange alone passes the coarse cut, or a tool
+    cycle spans it), the reader fetches the whole window instead: rare, and correct."""
+    return not rows or any(clean_start(r[3], r[4]) for r in rows)
 
 
 def _state(row: tuple[Any, ...] | None) -> ConversationState | None:
@@ -137,14 +156,24 @@ def _now() -> dt.datetime:
 
 
 def window_params(
-    agent: str, channel: str, thread: str | None, now: dt.datetime, defaults: ConversationDefaults
+    agent: str,
+    channel: str,
+    thread: str | None,
+    now: dt.datetime,
+    defaults: ConversationDefaults,
+    *,
+    bounded: bool = False,
 ) -> dict[str, Any]:
+    """Parameters of `window_messages`; `bounded`: fetch only the rows the budget's
+    coarse trim keeps (the reader), not the whole window (compaction)."""
     return {
         "agent": agent,
         "channel": channel,
         "thread": thread or "",
         "now": now,
         "default_window": defaults.rolling_window,
+        "default_budget": defaults.token_budget,
+        "bounded": bounded,
     }
 
 
@@ -204,7 +233,7 @@ class ContextReader(_Reader):
     ) -> Context:
         """The context of one thread (or the main line), valid for the Messages API."""
         now = now or self.clock()
-        params = window_params(agent, channel, thread, now, self.defaults)
+        params = window_params(agent, channel, thread, now, self.defaults, bounded=True)
         with self.connection() as conn:
             if wait_for is not None:
                 self._wait(conn, wait_for, timeout)
@@ -214,6 +243,10 @@ class ContextReader(_Reader):
                 threads_cur = conn.cursor().execute(query("active_threads"), params)
             state = _state(state_cur.fetchone())
             rows, threads = rows_cur.fetchall(), threads_cur.fetchall()
+            if not complete(rows):
+                rows = conn.execute(
+                    query("window_messages"), {**params, "bounded": False}
+                ).fetchall()
         ctx = assemble(state, plan(state, self.defaults, now), rows, threads)
         return attachments.attach(self.connection, ctx, self.attachments)
 
@@ -317,13 +350,16 @@ class AsyncContextReader(_Reader):
             if wait_for is not None:
                 await self._wait(conn, wait_for, timeout)
             now = now or self.clock()
-            params = window_params(agent, channel, thread, now, self.defaults)
+            params = window_params(agent, channel, thread, now, self.defaults, bounded=True)
             async with conn.pipeline():  # the three reads in one round trip
                 state_cur = await conn.execute(query("conversation_state"), params)
                 rows_cur = await conn.cursor().execute(query("window_messages"), params)
                 threads_cur = await conn.cursor().execute(query("active_threads"), params)
             state = _state(await state_cur.fetchone())
             rows, threads = await rows_cur.fetchall(), await threads_cur.fetchall()
+            if not complete(rows):
+                cur = await conn.execute(query("window_messages"), {**params, "bounded": False})
+                rows = await cur.fetchall()
         ctx = assemble(state, plan(state, self.defaults, now), rows, threads)
         return await attachments.aattach(self._aconn, ctx, self.attachments)
 

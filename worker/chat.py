@@ -47,6 +47,9 @@ def context_tag(ctx: Context) -> str:
     return f"[context: {len(ctx.messages)} turns, ~{ctx.token_estimate} tokens{summarised}]"
 
 
+SYSTEM_PROMPT = "You are a helpful assistant talking with someone in a terminal."
+
+
 def claude_model(settings: Settings) -> Reply:
     """Replies from the Messages API with the conversation's context."""
     import anthropic
@@ -57,7 +60,9 @@ def claude_model(settings: Settings) -> Reply:
 
     def reply(ctx: Context, text: str) -> str:
         answer = client.messages.create(
-            model=settings.summary_model, max_tokens=1024, **ctx.to_anthropic()
+            model=settings.summary_model,
+            max_tokens=1024,
+            **ctx.to_anthropic(system=SYSTEM_PROMPT, cache=True),
         )
         return "".join(b.text for b in answer.content if getattr(b, "type", "") == "text")
 

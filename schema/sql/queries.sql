@@ -101,34 +101,72 @@ LEFT JOIN threads t
 WHERE c.agent = %(agent)s AND c.channel = %(channel)s;
 
 -- name: window_messages
--- The window of one thread: messages after max(last clear, now - rolling window), plus
+-- The window of one thread: messages after max(last clear, rolling-window cut-off), plus
 -- those of a restored session while its restore is within the rolling window, less
 -- what a compaction replaced (seq <= compacted_through_seq). The cut-off is computed
 -- here from the projection rows, so the reader can send this query in the same round
 -- trip as `conversation_state` (pipeline mode). Two branches, each served by an index:
 -- the window index by time, the (agent, channel, seq) key by the restored positions.
+--
+-- Cache-stable trimming (producers/context.py `trim_start` is the same rule in Python):
+-- the rolling cut-off moves in steps of 1/24 of the window (floored, so the window
+-- reaches back up to one step further), and a window over the budget starts at the first
+-- row whose `before` (tokens of the window before it) reaches a multiple of the step
+-- budget/2 chosen so the rest fits. The start moves only when the window grows by
+-- half a budget, so one trim serves many turns; only those rows are fetched and
+-- decoded (`bounded`), whatever the window's length.
 WITH c AS (
     SELECT cleared_seq, restored_seqs, restored_at,
            coalesce((SELECT compacted_through_seq FROM threads
                      WHERE agent = %(agent)s AND channel = %(channel)s
                        AND thread = %(thread)s), 0) AS compacted,
-           %(now)s::timestamptz
-           - make_interval(secs => coalesce(rolling_window, %(default_window)s)) AS cutoff
+           coalesce(token_budget, %(default_budget)s) AS budget,
+           greatest(1, coalesce(token_budget, %(default_budget)s) / 2) AS step,
+           to_timestamp(floor(extract(epoch FROM %(now)s::timestamptz
+               - make_interval(secs => coalesce(rolling_window, %(default_window)s)))
+               / greatest(1, coalesce(rolling_window, %(default_window)s) / 24))
+               * greatest(1, coalesce(rolling_window, %(default_window)s) / 24)) AS cutoff
     FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s
+), w AS (
+    -- Positions and token counts only: the window's sums are taken over these, and
+    -- the payload is read for the kept rows alone.
+    SELECT e.seq, e.tokens
+    FROM c JOIN events e
+      ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.thread = %(thread)s
+     AND e.kind = 'message.v1' AND e.occurred_at >= c.cutoff AND e.seq > c.cleared_seq
+     AND e.seq > c.compacted
+    UNION ALL
+    SELECT e.seq, e.tokens
+    FROM c JOIN events e
+      ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq = ANY(c.restored_seqs)
+     AND e.thread = %(thread)s AND e.seq > c.compacted
+    WHERE c.restored_at >= c.cutoff
+), cut AS MATERIALIZED (
+    -- Where the kept part starts, in tokens of the window ahead of it: 0, or the
+    -- smallest multiple of the step that leaves at most the budget.
+    -- The newest row is always fetched: an empty answer means an empty window.
+    SELECT t.total, t.last, CASE WHEN NOT %(bounded)s OR t.total <= c.budget THEN 0
+                         ELSE (t.total - c.budget + c.step - 1) / c.step * c.step END AS at
+    FROM (SELECT coalesce(sum(tokens), 0) AS total, max(seq) AS last FROM w) t, c
+), k AS MATERIALIZED (
+    SELECT s.seq, s.before, cut.total
+    FROM (SELECT w.seq,
+                 sum(w.tokens) OVER (ORDER BY w.seq ROWS UNBOUNDED PRECEDING) - w.tokens
+                     AS before
+          FROM w) s, cut
+    WHERE s.before >= cut.at OR s.seq = cut.last
 )
-SELECT e.seq, e.occurred_at, e.tokens, e.payload->>'role', e.payload->'content'
-FROM c JOIN events e
-  ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.thread = %(thread)s
- AND e.kind = 'message.v1' AND e.occurred_at >= c.cutoff AND e.seq > c.cleared_seq
- AND e.seq > c.compacted
-UNION ALL
-SELECT e.seq, e.occurred_at, e.tokens, e.payload->>'role', e.payload->'content'
-FROM c JOIN events e
-  ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq = ANY(c.restored_seqs)
- AND e.thread = %(thread)s AND e.seq > c.compacted
-WHERE c.restored_at >= c.cutoff
+SELECT k.seq, e.occurred_at, e.tokens, e.payload->>'role', e.payload->'content',
+       k.before::bigint, k.total::bigint
+-- One lookup by key per kept row, whatever the planner estimates (LIMIT keeps the
+-- subquery from being flattened into a join; MATERIALIZED above for the same reason:
+-- a fresh table has no statistics, and a plan that joins first reads every payload of
+-- the window, or sums the window once per row).
+FROM k CROSS JOIN LATERAL (
+    SELECT e.occurred_at, e.tokens, e.payload FROM events e
+    WHERE e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq = k.seq LIMIT 1
+) e
 ORDER BY 1;
-
 -- name: active_threads
 WITH c AS (
     SELECT %(now)s::timestamptz

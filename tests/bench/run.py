@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 import psycopg
 import redis
 
-from tests.bench import context, idle, ingest, peers, report, sessions
+from tests.bench import cache, context, idle, ingest, peers, report, sessions
 from tests.bench.harness import BenchEnv, BenchError, Benchmark, Result
 from tests.support.services import NotOurs, create_database, drop_database, flush_owned
 
@@ -27,6 +27,7 @@ from tests.support.services import NotOurs, create_database, drop_database, flus
 DATABASE = f"contextlog_bench_{os.getpid()}"
 
 BENCHMARKS: dict[str, Benchmark] = {
+    "cache": cache.run,
     "ingest": ingest.run,
     "context": context.run,
     "read_your_writes": context.run_read_your_writes,

@@ -23,7 +23,7 @@ from contextlog.schema import codec
 from contextlog.schema import events as ev
 from contextlog.schema.defaults import ConversationDefaults
 from contextlog.worker.eventlog import Accepted, PostgresEventLog
-from tests.support.anthropic_rules import check_messages
+from tests.support.anthropic_rules import check_messages, check_params
 from tests.support.blocks import PARAMS, server_call, thinking
 from tests.support.running import running, settings_for
 from tests.support.services import truncate
@@ -143,11 +143,14 @@ def test_threads_have_their_own_context_and_show_in_the_preamble(
     log.say("user", "stale thread", NOW - 48 * HOUR, thread="old")
     main = reader.context("alpha", "general", now=NOW)
     assert texts(main) == ["main line"]
-    assert main.system is not None and "thread t1: 2 messages" in main.system
+    assert main.system is not None and "- thread t1" in main.system
     assert "old" not in main.system
     t1 = reader.context("alpha", "general", "t1", now=NOW)
     assert texts(t1) == ["in t1", "t1 reply"]
-    assert t1.system is not None and "main line: 1 messages" in t1.system
+    assert t1.system is not None and "- main line" in t1.system
+    # Activity in another thread leaves this thread's system text (a cached prefix) as is.
+    log.say("user", "more in t1", NOW - dt.timedelta(minutes=1), thread="t1")
+    assert reader.context("alpha", "general", now=NOW).system == main.system
 
 
 def test_configure_changes_window_and_budget(log: Log, reader: ContextReader) -> None:
@@ -259,7 +262,7 @@ def fake_api(request: httpx2.Request) -> httpx2.Response:
     """Answers like the Messages API: 400 with the reason for an invalid request."""
     body = json.loads(request.content)
     thinking = body.get("thinking", {}).get("type") in ("enabled", "adaptive")
-    errors = check_messages(body["messages"], thinking=thinking)
+    errors = check_params(body) + check_messages(body["messages"], thinking=thinking)
     if errors:
         return httpx2.Response(
             400,

@@ -15,7 +15,10 @@ Thinking rules (docs: "Extended thinking", "Context windows", the API's 400 mess
 - thinking of earlier, finished turns is accepted and ignored (stripped by the API).
 Server tools run inside one assistant message: each `server_tool_use` has its result
 (same id) later in that message, and each such result follows its call. At most four
-blocks carry `cache_control`. Block types a newer API added pass unchecked.
+blocks carry `cache_control` in the whole request (tools, system and messages; see
+`check_params`), never a thinking or redacted_thinking block ("Thinking blocks cannot be
+marked with cache_control directly"). `system` is a string or a list of non-empty text
+blocks. Block types a newer API added pass unchecked.
 """
 
 from __future__ import annotations
@@ -116,7 +119,36 @@ def _kind(block: Any) -> Any:
     return block.get("type") if isinstance(block, dict) else None
 
 
-def _check_cache(messages: list[dict[str, Any]]) -> list[str]:
+def check_params(body: dict[str, Any]) -> list[str]:
+    """What the API refuses in a request's `tools` and `system`, and in its breakpoints
+    counted over tools, system and messages together (`check_messages` checks the rest)."""
+    errors = []
+    tools = body.get("tools", [])
+    if not isinstance(tools, list) or not all(
+        isinstance(t, dict) and isinstance(t.get("name"), str) for t in tools
+    ):
+        errors.append("tools: must be a list of tools, each with a name")
+        tools = []
+    system = body.get("system")
+    blocks = _list(system)
+    if system is not None and not isinstance(system, str | list):
+        errors.append("system: must be a string or a list of text blocks")
+    for j, b in enumerate(blocks):
+        if _kind(b) != "text" or not str(b.get("text", "")).strip():
+            errors.append(f"system.{j}: must be a non-empty text block")
+    count = sum("cache_control" in t for t in tools) + sum(
+        "cache_control" in b for b in blocks if isinstance(b, dict)
+    )
+    count += _count_cache(body.get("messages") or [])
+    if count > MAX_CACHE_BREAKPOINTS:
+        errors.append(_TOO_MANY)
+    return errors
+
+
+_TOO_MANY = f"A maximum of {MAX_CACHE_BREAKPOINTS} blocks with cache_control may be provided"
+
+
+def _count_cache(messages: list[dict[str, Any]]) -> int:
     count = 0
     for m in messages:
         for b in _list(m.get("content")):
@@ -124,9 +156,19 @@ def _check_cache(messages: list[dict[str, Any]]) -> list[str]:
             count += sum(
                 "cache_control" in x for x in _list(b.get("content")) if isinstance(x, dict)
             )
-    if count > MAX_CACHE_BREAKPOINTS:
-        return [f"A maximum of {MAX_CACHE_BREAKPOINTS} blocks with cache_control may be provided"]
-    return []
+    return count
+
+
+def _check_cache(messages: list[dict[str, Any]]) -> list[str]:
+    errors = [
+        f"messages.{i}.content.{j}: Thinking blocks cannot be marked with cache_control"
+        for i, m in enumerate(messages)
+        for j, b in enumerate(_list(m.get("content")))
+        if _kind(b) in THINKING and "cache_control" in b
+    ]
+    if _count_cache(messages) > MAX_CACHE_BREAKPOINTS:
+        errors.append(_TOO_MANY)
+    return errors
 
 
 def _check_blocks(where: str, role: str, content: list[Any], tool_ids: set[str]) -> list[str]:

@@ -25,7 +25,7 @@ from typing import Any, Literal
 import anthropic
 import httpx2
 
-from tests.support.anthropic_rules import check_messages
+from tests.support.anthropic_rules import check_messages, check_params
 
 DEFAULT_TEXT = "The user and the assistant fixed the login bug; tests still need to be written."
 
@@ -114,9 +114,7 @@ def check_request(body: object) -> list[str]:
     max_tokens = body.get("max_tokens")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         errors.append("max_tokens: a positive integer is required")
-    system = body.get("system")
-    if system is not None and not isinstance(system, str | list):
-        errors.append("system: must be a string or a list of text blocks")
+    errors += check_params(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         return [*errors, "messages: a non-empty list is required"]

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contextlog.producers.context import THINKING, StoredMessage, build_context, estimate_tokens
+from contextlog.producers.context import (
+    THINKING,
+    StoredMessage,
+    build_context,
+    clean_start,
+    estimate_tokens,
+    trim_start,
+)
 from tests.support.anthropic_rules import check_messages
 from tests.support.blocks import conversation
 
@@ -248,3 +256,50 @@ def test_cache_control_is_not_kept_in_history() -> None:
     assert ctx.messages[0]["content"] == [{"type": "text", "text": "big doc"}] * 5
     assert ctx.messages[2]["content"][0]["content"] == [{"type": "text", "text": "big doc"}]
     assert marked["cache_control"] == {"type": "ephemeral"}  # stored blocks are not mutated
+
+
+def test_over_budget_the_start_moves_in_coarse_steps_and_the_prefix_holds() -> None:
+    """Read before each turn of a long conversation: each context's messages are the
+    previous one's plus the new turns, byte for byte, except at a trim step; steps are
+    rare (half a budget of growth apart) and no context is over budget."""
+    history: list[StoredMessage] = []
+    budget, previous, steps = 2_000, None, 0
+    for turn in range(300):
+        seq = len(history)
+        history.append(msg(seq + 1, "user", f"question {turn} " + "x" * 200, 60))
+        if turn % 3 == 0:  # some turns use a tool
+            history.append(msg(seq + 2, "assistant", [use(f"t{turn}")], 20))
+            history.append(msg(seq + 3, "user", [result(f"t{turn}")], 20))
+        ctx = build_context(history, budget=budget)
+        assert ctx.token_estimate <= budget and check_messages(ctx.messages) == []
+        if previous is not None:
+            grown = json.dumps(ctx.messages[: len(previous)]) == json.dumps(previous)
+            steps += not grown
+        previous = ctx.messages
+        history.append(msg(len(history) + 1, "assistant", f"answer {turn}", 30))
+    total = sum(m.tokens for m in history)
+    assert 0 < steps <= total // (budget // 2) + 1
+
+
+@settings(max_examples=300)
+@given(log=logs(), budget=st.integers(1, 400), system=st.sampled_from([None, "s" * 200]))
+def test_the_tail_the_query_fetches_gives_the_context_of_the_whole_window(
+    log: list[StoredMessage], budget: int, system: str | None
+) -> None:
+    """The window query cuts at the budget's step (`trim_start` without the preamble);
+    assembling that tail with its `before` counts equals assembling the whole window."""
+    before, run = [], 0
+    for m in log:
+        before.append(run)
+        run += m.tokens
+    whole = build_context(log, budget=budget, system=system)
+    i = trim_start(before, run, budget, budget)
+    tail = log[i:]
+    if not any(clean_start(m.role, m.content) for m in tail):
+        return  # the reader fetches the whole window then (`reader.complete`)
+    part = build_context(tail, budget=budget, system=system, before=before[i:])
+    assert part.messages == whole.messages and part.truncated == whole.truncated
+    if whole.token_estimate > budget:  # only the newest exchange alone may pass it
+        assert len([m for m in whole.messages if m["role"] == "user"]) <= 1 or not any(
+            clean_start(m.role, m.content) for m in log
+        )

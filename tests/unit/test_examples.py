@@ -235,8 +235,14 @@ def test_claude_reply_sends_the_context_and_returns_the_text(bot: Any) -> None:
             await client.close()
 
     assert asyncio.run(go()) == "Hello, Ada."
-    assert api.requests[0]["messages"] == ctx.messages
-    assert api.requests[0]["model"] == "claude-test"
+    sent = api.requests[0]
+    assert sent["model"] == "claude-test"
+    assert sent["system"] == [
+        {"type": "text", "text": bot.SYSTEM_PROMPT, "cache_control": {"type": "ephemeral"}}
+    ]
+    last = sent["messages"][-1]["content"][-1]
+    assert last.pop("cache_control") == {"type": "ephemeral"}  # the newest turn, cached
+    assert sent["messages"] == ctx.messages
 
 
 class FlakyNotes:

@@ -1,0 +1,122 @@
+"""A context that keeps the prompt cache warm, read from Postgres: consecutive reads
+share their whole earlier prefix, trims move the start in coarse steps, the bounded
+fetch gives the same context as assembling the whole window, and the real client
+accepts the request with the bot's own system prompt, tools and breakpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+from typing import Any
+
+import psycopg
+
+from contextlog.producers import AsyncContextReader, ContextReader
+from contextlog.producers.context import build_context
+from contextlog.producers.reader import rolling_cutoff, stored, window_params
+from contextlog.schema import events as ev
+from contextlog.schema.defaults import ConversationDefaults
+from contextlog.schema.queries import query
+from tests.integration.test_context import HOUR, NOW, Log, client, log, reader, result
+from tests.support.anthropic_rules import check_messages, check_params
+from tests.support.blocks import thinking, use
+
+__all__ = ["log", "reader"]  # fixtures
+MINUTE = dt.timedelta(minutes=1)
+TOOLS = [{"name": "lookup", "description": "Look up.", "input_schema": {"type": "object"}}]
+
+
+def turn(lg: Log, i: int, at: dt.datetime, thread: str | None = None) -> None:
+    """One exchange of a thinking, tool-using bot (every third turn calls a tool)."""
+    lg.say("user", f"question {i} " + "words " * 80, at, thread=thread)
+    if i % 3 == 0:
+        lg.say("assistant", [thinking(str(i)), use(f"t{i}")], at, thread=thread)
+        lg.say("user", [result(f"t{i}")], at, thread=thread)
+    lg.say("assistant", [thinking(f"{i}b"), {"type": "text", "text": f"answer {i}"}], at,
+           thread=thread)  # fmt: skip
+
+
+def test_consecutive_reads_share_the_earlier_prefix_byte_for_byte(
+    log: Log, reader: ContextReader
+) -> None:
+    log.add(ev.Configured, NOW - 300 * MINUTE, token_budget=3_000)
+    api, previous, steps = client(), None, 0
+    for i in range(120):
+        at = NOW - (240 - 2 * i) * MINUTE
+        turn(log, i, at)
+        turn(log, i, at, thread="other")  # a second thread, active all along
+        log.say("user", f"next {i}", at)
+        ctx = reader.context("alpha", "general", now=at + MINUTE)
+        assert ctx.token_estimate <= 3_000
+        kw = ctx.to_anthropic(system="You are a bot.", tools=TOOLS, cache=True)
+        assert check_params(kw) == [] and check_messages(kw["messages"], thinking=True) == []
+        api.messages.create(model="m", max_tokens=4096,
+                            thinking={"type": "enabled", "budget_tokens": 2048}, **kw)  # fmt: skip
+        plain = json.dumps([ctx.system, ctx.messages[:-1]])
+        if previous is not None and not plain.startswith(previous[:-2]):
+            steps += 1
+        previous = json.dumps([ctx.system, ctx.messages[:-1]])
+        log.say("assistant", f"reply {i}", at + MINUTE)
+    assert 0 < steps <= 12, steps  # ~150 tokens a turn, a 1,500-token step
+
+
+def test_the_bounded_fetch_gives_the_context_of_the_whole_window(db: str) -> None:
+    lg = Log(db)
+    for i in range(150):
+        turn(lg, i, NOW - (300 - i) * MINUTE)
+    lg.log.close()
+    for budget in (400, 2_000, 7_000, 10**9):
+        r = ContextReader.from_url(db, defaults=ConversationDefaults(token_budget=budget))
+        ctx = r.context("alpha", "general", now=NOW)
+        params = window_params("alpha", "general", None, NOW, r.defaults)
+        with psycopg.connect(db) as conn:
+            rows: list[Any] = conn.execute(query("window_messages"), params).fetchall()
+            cut = conn.execute(query("window_messages"), {**params, "bounded": True}).fetchall()
+        r.close()
+        whole = build_context(stored(rows), budget=budget)
+        assert ctx.messages == whole.messages and ctx.truncated == whole.truncated, budget
+        assert ctx.token_estimate <= budget or len(ctx.messages) <= 4
+        if budget < 10**9:
+            assert len(cut) < len(rows) / 2  # rows that cannot fit are not fetched
+
+
+def test_the_rolling_edge_moves_in_steps_the_sql_and_python_agree(db: str, log: Log) -> None:
+    """Messages a minute apart over 26 hours: reads during one step of the edge (1/24 of
+    the window: an hour) all start at the same message, the one the step's start names."""
+    r = ContextReader.from_url(db, defaults=ConversationDefaults(token_budget=10**9))
+    for i in range(0, 26 * 60, 20):
+        log.say("user" if i % 40 == 0 else "assistant", f"m{i}", NOW - (26 * 60 - i) * MINUTE)
+    firsts = set()
+    for minutes in range(0, 60, 7):  # NOW is on an hour: one step
+        now = NOW + minutes * MINUTE
+        ctx = r.context("alpha", "general", now=now)
+        assert ctx.window_start == rolling_cutoff(now, 86_400) == NOW - 24 * HOUR
+        firsts.add(json.dumps(ctx.messages[0]))
+    later = r.context("alpha", "general", now=NOW + 60 * MINUTE)
+    r.close()
+    assert len(firsts) == 1 and json.dumps(later.messages[0]) not in firsts
+
+
+def test_a_newest_exchange_over_the_budget_is_still_read_whole(db: str, log: Log) -> None:
+    """The budget's cut lands inside the newest exchange (no turn to start at in the
+    fetched rows): the reader fetches the whole window and keeps that exchange, valid."""
+    log.add(ev.Configured, NOW - 10 * MINUTE, token_budget=300)
+    log.say("user", "small question", NOW - 9 * MINUTE)
+    log.say("assistant", "small answer", NOW - 9 * MINUTE)
+    log.say("user", "big question", NOW - 8 * MINUTE)
+    log.say("assistant", [thinking("1"), use("a")], NOW - 8 * MINUTE)
+    log.say("user", [{**result("a"), "content": "x" * 4000}], NOW - 7 * MINUTE)
+
+    async def read_async() -> Any:
+        r = AsyncContextReader.from_url(db)
+        try:
+            return await r.context("alpha", "general", now=NOW)
+        finally:
+            await r.aclose()
+
+    r = ContextReader.from_url(db)
+    for ctx in (r.context("alpha", "general", now=NOW), asyncio.run(read_async())):
+        assert ctx.messages[0]["content"] == [{"type": "text", "text": "big question"}]
+        assert check_messages(ctx.messages, thinking=True) == [] and ctx.truncated
+    r.close()
