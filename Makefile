@@ -45,9 +45,10 @@ attach: $(STAMP)
 	@PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/python -m contextlog.worker.devenv --attach -- \
 	  $(if $(CMD),sh -c "$$CMD",$${SHELL:-sh})
 
-# mypy cannot see through the editable install's import hook: it reads the package through
+# mypy checks the benchmarks too, so it needs their peers (the bench extra). It cannot see
+# through the editable install's import hook: it reads the package through
 # .typing/contextlog/, links to the top-level folders under their import names.
-lint: $(STAMP)
+lint: $(BENCH_STAMP)
 	$(VENV)/bin/ruff check .
 	@mkdir -p .typing/contextlog
 	@for d in schema producers worker; do ln -sfn ../../$$d .typing/contextlog/$$d; done
