@@ -24,10 +24,11 @@ from contextlog.schema.errors import ConfigError, Unavailable
 from contextlog.worker import idle
 from contextlog.worker.clock import Clock, SystemClock
 from contextlog.worker.config import Settings
-from contextlog.worker.eventlog import EventLog, PostgresEventLog, bound_waits, migrate
+from contextlog.worker.eventlog import EventLog, PostgresEventLog, bound_waits
 from contextlog.worker.idle import Timers
 from contextlog.worker.ingest import Ingest
 from contextlog.worker.jobs import IDLE, SUMMARIES, Jobs
+from contextlog.worker.migrations import migrate
 from contextlog.worker.notify import RedisNotifier
 from contextlog.worker.relay import Relay
 from contextlog.worker.rqworker import ContextlogWorker

@@ -35,7 +35,7 @@ from contextlog.worker.cli_common import (
 from contextlog.worker.cli_sessions import add_metrics_options
 from contextlog.worker.clock import SystemClock
 from contextlog.worker.config import Settings
-from contextlog.worker.eventlog import migrate
+from contextlog.worker.migrations import migrate
 from contextlog.worker.rebuild import rebuild
 from contextlog.worker.status import Status, gather
 

@@ -1,4 +1,5 @@
-"""Postgres side of ingest: migrations and the idempotent, fenced batch append."""
+"""Postgres side of ingest: the idempotent, fenced batch append (migrations.py makes the
+schema, rows.py formats the rows, outbox.py sends what a batch asks for)."""
 
 from __future__ import annotations
 
@@ -9,34 +10,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-import msgspec
 import psycopg
-import redis
-import structlog
 from psycopg.rows import TupleRow
 
-from contextlog.producers.context import estimate_tokens
-from contextlog.schema import blocks, codec
+from contextlog.schema import codec
 from contextlog.schema import events as ev
 from contextlog.schema.defaults import ConversationDefaults
-from contextlog.schema.errors import (
-    Conflict,
-    Fenced,
-    MigrationError,
-    ShardBusy,
-    StorageRefused,
-    Unavailable,
-)
-from contextlog.schema.queries import migrations, query
+from contextlog.schema.errors import Conflict, Fenced, ShardBusy, StorageRefused, Unavailable
+from contextlog.schema.queries import query
 from contextlog.worker import attachments, projection
 from contextlog.worker.handlers import ARM, COMMANDS, COMPACT, Effect, handle
+from contextlog.worker.outbox import Outbox
 from contextlog.worker.relay import Relay
+from contextlog.worker.rows import copy_line, row_of, unique
 
-log = structlog.get_logger("contextlog.eventlog")
-
-# pg_advisory_xact_lock key of `contextlog migrate`: two processes migrating at once
-# queue on it instead of racing on CREATE TABLE.
-MIGRATION_LOCK: Final = 0x636F6E74  # "cont"
 # Held exclusively by `contextlog rebuild`, shared by every ingest transaction.
 REBUILD_LOCK: Final = 0x72656275  # "rebu"
 
@@ -68,31 +55,6 @@ class Accepted:
     payload: bytes
     # Attachment bytes (by sha256) to store with the event: set by `attachments.resolve`.
     blobs: Mapping[str, bytes] = field(default_factory=dict)
-
-
-def migrate(conn: psycopg.Connection[TupleRow]) -> list[str]:
-    """Apply missing migrations in one transaction; returns the names applied."""
-    applied: list[str] = []
-    try:
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY,"
-                " name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
-            for m in migrations():
-                if m.version in done:
-                    continue
-                conn.execute(m.sql.encode())
-                conn.execute(
-                    "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
-                    (m.version, m.name),
-                )
-                applied.append(f"{m.version:03d}_{m.name}")
-    except psycopg.errors.ProgrammingError as e:
-        raise MigrationError(f"migration failed, nothing applied: {e}") from e
-    return applied
 
 
 class EventLog(Protocol):
@@ -136,8 +98,7 @@ class PostgresEventLog:
     ) -> None:
         self.conn = conn
         self.defaults = defaults or ConversationDefaults()
-        # Where a batch's effects go after commit; without one they wait in `effects`.
-        self.relay = relay
+        self.outbox = Outbox(conn, relay)
 
     def append(self, shard: int, epoch: int, batch: Sequence[Accepted]) -> int:
         """See `EventLog.append`."""
@@ -185,7 +146,7 @@ class PostgresEventLog:
             return self._write(shard, epoch, batch, check_stored=True)
 
     def _write(self, shard: int, epoch: int, batch: Sequence[Accepted], check_stored: bool) -> int:
-        unique = _unique(batch)
+        distinct = unique(batch)
         with self.conn.transaction(), self.conn.cursor() as cur:
             # The checkpoint row goes first: its lock serialises two writers of a shard
             # and the epoch check fences the older one. On the optimistic path every
@@ -194,14 +155,14 @@ class PostgresEventLog:
                 "shard": shard,
                 "epoch": epoch,
                 "last_entry_id": batch[-1].entry_id,
-                "events": 0 if check_stored else len(unique),
+                "events": 0 if check_stored else len(distinct),
                 "rebuild_lock": REBUILD_LOCK,
             }
             if cur.execute(query("advance_checkpoint"), checkpoint).fetchone() is None:
                 raise Fenced(f"shard {shard}: epoch {epoch} is older than the last writer's")
-            fresh = unique
+            fresh = distinct
             if check_stored:
-                fresh = self._not_stored(cur, unique)
+                fresh = self._not_stored(cur, distinct)
                 cur.execute(
                     "UPDATE shard_checkpoints SET events = events + %s WHERE shard = %s",
                     (len(fresh), shard),
@@ -209,44 +170,13 @@ class PostgresEventLog:
             effects = self._insert(cur, fresh) if fresh else []
             if any(a.blobs for a in fresh):
                 attachments.insert(cur, fresh)
-            durable = [x for x in effects if x.kind not in (COMPACT, ARM)]
-            ids = self._store_effects(cur, durable) if durable else []
-        if effects and self.relay is not None:
-            self._relay(effects, ids)
+            ids = self.outbox.keep(cur, effects)
+        self.outbox.send(effects, ids)
         return len(fresh)
 
-    def _store_effects(self, cur: psycopg.Cursor[TupleRow], effects: list[Effect]) -> list[int]:
-        """Keep notices and jobs in the batch's transaction, so a crash loses none."""
-        rows = msgspec.json.encode([{"kind": x.kind, "body": x.body} for x in effects])
-        return [int(r[0]) for r in cur.execute(query("insert_effects"), {"rows": rows.decode()})]
-
-    def _relay(self, effects: list[Effect], ids: list[int]) -> None:
-        """Send a committed batch's effects, then forget them; on failure the sweep
-        (`flush_effects`) sends them later. Compaction triggers are not kept: the next
-        batch of the conversation triggers again."""
-        assert self.relay is not None
-        try:
-            self.relay.send(effects)
-            if ids:
-                with self.conn.transaction():
-                    self.conn.execute(query("delete_effects"), {"ids": ids})
-        except (Unavailable, redis.RedisError, psycopg.Error) as e:
-            log.warning("effects not sent, left for the sweep", error=str(e), count=len(ids))
-
     def flush_effects(self, older_than: float = 30.0, limit: int = 500) -> int:
-        """Send effects a crash or outage left behind; returns how many were sent."""
-        if self.relay is None:
-            return 0
-        try:
-            with self.conn.transaction():
-                params = {"older_than": older_than, "limit": limit}
-                rows = self.conn.execute(query("take_effects"), params).fetchall()
-                if rows:
-                    self.relay.send([Effect(r[1], r[2]) for r in rows])
-                    self.conn.execute(query("delete_effects"), {"ids": [r[0] for r in rows]})
-        except psycopg.OperationalError as e:
-            raise Unavailable(f"Postgres: {e}") from e
-        return len(rows)
+        """See `EventLog.flush_effects`."""
+        return self.outbox.flush(older_than, limit)
 
     def _not_stored(self, cur: psycopg.Cursor[TupleRow], batch: list[Accepted]) -> list[Accepted]:
         """The events of `batch` not yet in the log (after a redelivery)."""
@@ -299,73 +229,6 @@ class PostgresEventLog:
         return effects
 
 
-def _copy_text(value: bytes) -> bytes:
-    """Escape a value for COPY's text format (backslash, tab, newline, carriage return)."""
-    if b"\\" in value or b"\t" in value or b"\n" in value or b"\r" in value:
-        value = value.replace(b"\\", b"\\\\").replace(b"\t", b"\\t")
-        value = value.replace(b"\n", b"\\n").replace(b"\r", b"\\r")
-    return value
-
-
-def copy_line(a: Accepted, seq: int, tokens: int) -> bytes:
-    """One `copy_events` row in COPY text format."""
-    e = a.event
-    return (
-        b"\t".join(
-            (
-                str(e.event_id).encode(),
-                _copy_text(e.agent.encode()),
-                _copy_text(e.channel.encode()),
-                _copy_text((e.thread or "").encode()),
-                str(seq).encode(),
-                ev.kind_of(e).encode(),
-                e.occurred_at.isoformat().encode(),
-                str(tokens).encode(),
-                _copy_text(a.payload),
-            )
-        )
-        + b"\n"
-    )
-
-
-def _unique(batch: Sequence[Accepted]) -> list[Accepted]:
-    """The batch without events repeated within it, first occurrence kept, in order."""
-    seen: set[uuid.UUID] = set()
-    out = []
-    for a in batch:
-        if a.event.event_id not in seen:
-            seen.add(a.event.event_id)
-            out.append(a)
-    return out
-
-
-def row_of(event: ev.AnyEvent) -> projection.Row:
-    """What the projections need of an event."""
-    settings = None
-    if isinstance(event, ev.Configured):
-        settings = {k: v for k in projection.SETTINGS if (v := getattr(event, k)) is not None}
-    return projection.Row(
-        event.agent,
-        event.channel,
-        event.thread or "",
-        ev.kind_of(event),
-        event.occurred_at,
-        settings,
-        tokens_of(event),
-        event.source,
-    )
-
-
-def tokens_of(event: ev.AnyEvent) -> int:
-    """The token estimate stored with a message (0 for commands): the same count as the
-    context's (`estimate_tokens`), on the blocks as posted."""
-    if not isinstance(event, ev.MessagePosted | ev.MessageImported):
-        return 0
-    if isinstance(event.content, str):
-        return estimate_tokens(event.content)
-    return estimate_tokens(blocks.decode_raw(event.content))
-
-
 class MemoryEventLog:
     """An in-memory `EventLog` with the same rules: for unit tests and the contract suite."""
 
@@ -383,7 +246,7 @@ class MemoryEventLog:
             raise Fenced(f"shard {shard}: epoch {epoch} is older than the last writer's")
         if any(a.event.event_id in self.refuse for a in batch):
             raise StorageRefused("refused by the fake")
-        fresh = [a for a in _unique(batch) if a.event.event_id not in self.ids]
+        fresh = [a for a in unique(batch) if a.event.event_id not in self.ids]
         for a in fresh:
             self.attachments.update(a.blobs)
             self.ids.add(a.event.event_id)

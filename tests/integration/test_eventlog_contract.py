@@ -22,8 +22,8 @@ from contextlog.worker.eventlog import (
     MemoryEventLog,
     PostgresEventLog,
     bound_waits,
-    migrate,
 )
+from contextlog.worker.migrations import migrate
 
 T0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 import redis
 
-from contextlog.worker.eventlog import migrate
+from contextlog.worker.migrations import migrate
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 

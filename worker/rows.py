@@ -1,0 +1,83 @@
+"""How an accepted entry becomes an `events` row: its COPY line, what the projections
+need of it, and its stored token count."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from contextlog.producers.context import estimate_tokens
+from contextlog.schema import blocks
+from contextlog.schema import events as ev
+from contextlog.worker import projection
+
+if TYPE_CHECKING:
+    from contextlog.worker.eventlog import Accepted
+
+
+def _copy_text(value: bytes) -> bytes:
+    """Escape a value for COPY's text format (backslash, tab, newline, carriage return)."""
+    if b"\\" in value or b"\t" in value or b"\n" in value or b"\r" in value:
+        value = value.replace(b"\\", b"\\\\").replace(b"\t", b"\\t")
+        value = value.replace(b"\n", b"\\n").replace(b"\r", b"\\r")
+    return value
+
+
+def copy_line(a: Accepted, seq: int, tokens: int) -> bytes:
+    """One `copy_events` row in COPY text format."""
+    e = a.event
+    return (
+        b"\t".join(
+            (
+                str(e.event_id).encode(),
+                _copy_text(e.agent.encode()),
+                _copy_text(e.channel.encode()),
+                _copy_text((e.thread or "").encode()),
+                str(seq).encode(),
+                ev.kind_of(e).encode(),
+                e.occurred_at.isoformat().encode(),
+                str(tokens).encode(),
+                _copy_text(a.payload),
+            )
+        )
+        + b"\n"
+    )
+
+
+def unique(batch: Sequence[Accepted]) -> list[Accepted]:
+    """The batch without events repeated within it, first occurrence kept, in order."""
+    seen: set[uuid.UUID] = set()
+    out = []
+    for a in batch:
+        if a.event.event_id not in seen:
+            seen.add(a.event.event_id)
+            out.append(a)
+    return out
+
+
+def row_of(event: ev.AnyEvent) -> projection.Row:
+    """What the projections need of an event."""
+    settings = None
+    if isinstance(event, ev.Configured):
+        settings = {k: v for k in projection.SETTINGS if (v := getattr(event, k)) is not None}
+    return projection.Row(
+        event.agent,
+        event.channel,
+        event.thread or "",
+        ev.kind_of(event),
+        event.occurred_at,
+        settings,
+        tokens_of(event),
+        event.source,
+    )
+
+
+def tokens_of(event: ev.AnyEvent) -> int:
+    """The token estimate stored with a message (0 for commands): the same count as the
+    context's (`estimate_tokens`), on the blocks as posted."""
+    if not isinstance(event, ev.MessagePosted | ev.MessageImported):
+        return 0
+    if isinstance(event.content, str):
+        return estimate_tokens(event.content)
+    return estimate_tokens(blocks.decode_raw(event.content))
