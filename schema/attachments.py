@@ -25,7 +25,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from contextlog.schema.errors import ConfigError, EventRejected, EventTooLarge
+from contextlog.schema.defaults import env_int
+from contextlog.schema.errors import EventRejected, EventTooLarge
 
 SOURCE_TYPE: Final = "contextlog.attachment"
 HOLDS_SOURCE: Final = frozenset({"image", "document"})
@@ -59,22 +60,9 @@ class Limits:
     def from_env(cls, env: Mapping[str, str]) -> Limits:
         """Read `CONTEXTLOG_MAX_ATTACHMENT_BYTES` and `CONTEXTLOG_ATTACHMENT_TTL` (seconds)."""
         return cls(
-            max_bytes=_int(env, MAX_BYTES_VAR, DEFAULT_MAX_BYTES, 1),
-            ttl_s=_int(env, TTL_VAR, DEFAULT_TTL_S, 60),
+            max_bytes=env_int(env, MAX_BYTES_VAR, DEFAULT_MAX_BYTES, 1),
+            ttl_s=env_int(env, TTL_VAR, DEFAULT_TTL_S, 60),
         )
-
-
-def _int(env: Mapping[str, str], name: str, default: int, lowest: int) -> int:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name} is not a whole number: {raw!r}") from None
-    if value < lowest:
-        raise ConfigError(f"{name} must be at least {lowest}: {raw!r}")
-    return value
 
 
 @dataclass(frozen=True)

@@ -26,13 +26,14 @@ class ConversationDefaults:
     def from_env(cls, env: Mapping[str, str]) -> ConversationDefaults:
         """Read `CONTEXTLOG_ROLLING_WINDOW`, `_IDLE_TIMEOUT` (seconds), `_TOKEN_BUDGET`."""
         return cls(
-            rolling_window=_int(env, "CONTEXTLOG_ROLLING_WINDOW", ROLLING_WINDOW, 1),
-            idle_timeout=_int(env, "CONTEXTLOG_IDLE_TIMEOUT", IDLE_TIMEOUT, 0),
-            token_budget=_int(env, "CONTEXTLOG_TOKEN_BUDGET", TOKEN_BUDGET, 1),
+            rolling_window=env_int(env, "CONTEXTLOG_ROLLING_WINDOW", ROLLING_WINDOW, 1),
+            idle_timeout=env_int(env, "CONTEXTLOG_IDLE_TIMEOUT", IDLE_TIMEOUT, 0),
+            token_budget=env_int(env, "CONTEXTLOG_TOKEN_BUDGET", TOKEN_BUDGET, 1),
         )
 
 
-def _int(env: Mapping[str, str], name: str, default: int, lowest: int) -> int:
+def env_int(env: Mapping[str, str], name: str, default: int, lowest: int) -> int:
+    """A whole-number setting from `env`: `default` when unset or blank, else at least `lowest`."""
     raw = env.get(name, "").strip()
     if not raw:
         return default
