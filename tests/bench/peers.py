@@ -215,17 +215,20 @@ def _bot_turns(ours: Ours, lc: LangChain, size: int) -> dict[str, Any]:
                 else:
                     lc.history(_session("turn", channel)).add_messages([AIMessage(reply)])
                 time.sleep(THINK_SECONDS)
-        o, p = _percentiles(side["ours"]), _percentiles(side["langchain"])
-        rounds.append(
-            {
-                "ours": o,
-                "langchain": p,
-                "p50_ratio": round(o["p50_ms"] / p["p50_ms"], 3),
-                "p99_ratio": round(o["p99_ms"] / p["p99_ms"], 3),
-            }
-        )
+        rounds.append(_round(side, "langchain"))
         print(f"  bot turn {size} msgs round {r}: {rounds[-1]}", flush=True)
     return _summarise(rounds, "langchain")
+
+
+def _round(side: dict[str, list[float]], peer: str) -> dict[str, Any]:
+    """One round: each side's percentiles and the ratios of ours to the peer's."""
+    o, p = _percentiles(side["ours"]), _percentiles(side[peer])
+    return {
+        "ours": o,
+        peer: p,
+        "p50_ratio": round(o["p50_ms"] / p["p50_ms"], 3),
+        "p99_ratio": round(o["p99_ms"] / p["p99_ms"], 3),
+    }
 
 
 def _summarise(rounds: list[dict[str, Any]], peer: str) -> dict[str, Any]:
@@ -323,15 +326,7 @@ def _read_only(ours: Ours, saver: PostgresSaver, config: dict[str, Any]) -> dict
                     side[name].append(elapsed)
             if got == 0:
                 raise BenchError(f"{name} read returned no messages")
-        o, p = _percentiles(side["ours"]), _percentiles(side["langgraph"])
-        rounds.append(
-            {
-                "ours": o,
-                "langgraph": p,
-                "p50_ratio": round(o["p50_ms"] / p["p50_ms"], 3),
-                "p99_ratio": round(o["p99_ms"] / p["p99_ms"], 3),
-            }
-        )
+        rounds.append(_round(side, "langgraph"))
         print(f"  read-only round {r}: {rounds[-1]}", flush=True)
     return _summarise(rounds, "langgraph")
 
