@@ -183,7 +183,7 @@ def _decode(data: object, where: str, limits: Limits) -> bytes | None:
     """The bytes of canonical base64 `data`; None when it must stay inline as posted."""
     if not isinstance(data, str) or not data:
         return None
-    size = len(data) * 3 // 4 - data.endswith("=") - data.endswith("==")
+    size = _b64_size(data)
     if size > limits.max_bytes:  # before decoding: refuse without the work
         raise EventTooLarge(
             OVERSIZED,
@@ -248,5 +248,10 @@ def decoded_size(source: Mapping[str, Any]) -> int | None:
         return size if isinstance(size, int) else None
     data = source.get("data")
     if source.get("type") == "base64" and isinstance(data, str):
-        return len(data) * 3 // 4 - data.endswith("=") - data.endswith("==")
+        return _b64_size(data)
     return None
+
+
+def _b64_size(data: str) -> int:
+    """How many bytes padded base64 `data` decodes to, without decoding it."""
+    return len(data) * 3 // 4 - data.endswith("=") - data.endswith("==")

@@ -40,7 +40,8 @@ def epoch(shard: int) -> str:
 
 
 def inflight(shard: int) -> str:
-    """The entry being stored alone after a crash; if ingest dies, it is the suspect."""
+    """The entries (a range, `first last`) being processed after a redelivery; if ingest
+    dies, they are the suspects."""
     return f"contextlog:inflight:{{{shard}}}"
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 import psycopg
@@ -28,17 +28,11 @@ from contextlog.schema.queries import query
 from contextlog.worker.streams import Rejected
 
 if TYPE_CHECKING:  # eventlog calls `insert`: imported for types only, no cycle
-    from contextlog.worker.eventlog import Accepted
+    from contextlog.worker.eventlog import Accepted, EventLog
 
 # Attachment bytes one transaction brings at most (a batch of many large attachments is
 # stored in several transactions, in order), so ingest's memory stays bounded.
 BATCH_BYTES: Final = 64 << 20
-
-
-class Known(Protocol):
-    """What ingest asks the event log: which of these hashes are stored."""
-
-    def stored_attachments(self, hashes: Sequence[str]) -> set[str]: ...
 
 
 def refs_of(event: ev.AnyEvent) -> list[Mapping[str, Any]]:
@@ -82,7 +76,7 @@ def groups(batch: Sequence[Accepted], limit: int = BATCH_BYTES) -> Iterator[list
 
 
 def resolve(
-    client: Any, known: Known, shard: int, batch: Sequence[Accepted]
+    client: Any, known: EventLog, shard: int, batch: Sequence[Accepted]
 ) -> tuple[list[Accepted], list[Rejected]]:
     """The entries with the bytes they bring (`Accepted.blobs`), and those to dead-letter
     because bytes they reference are missing or not what the reference says."""
@@ -135,6 +129,8 @@ def _problem(sha: str, size: int, data: bytes | None) -> str | None:
 def forget(client: Any, shard: int, batch: Sequence[Accepted]) -> None:
     """After commit: delete the Redis keys of every attachment the batch referenced (all
     are stored now; a key already gone is fine)."""
+    if not any_refs(batch):
+        return
     names = sorted(
         {keys.attachment(shard, str(r["sha256"])) for a in batch for r in refs_of(a.event)}
     )

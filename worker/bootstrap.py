@@ -210,14 +210,12 @@ def worker_name(settings: Settings) -> str:
     return f"contextlog-{settings.consumer}"
 
 
-def sweep_forever(
-    settings: Settings, stop: threading.Event, client: redis.Redis | None = None
-) -> None:
+def sweep_forever(settings: Settings, stop: threading.Event) -> None:
     """The worker's reconciliation: at start, then every CONTEXTLOG_SWEEP_SECONDS, queue
     again the summaries whose jobs were lost and re-arm the idle timers Redis lost
     (Redis data loss, a worker that died in a job). No error ends it (see `Loop`)."""
     res = resources()
-    client = client or redis_client(settings)
+    client = redis_client(settings)
     jobs = relay(settings, client).jobs
 
     def cycle() -> None:

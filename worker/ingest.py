@@ -153,8 +153,7 @@ class Ingest:
         # What was read and not committed is still pending with us: re-read it first.
         for shard in self.owned:
             self.recovering.setdefault(shard, False)
-        self._backoff = min(self.settings.backoff_max, max(0.05, self._backoff * 2))
-        self.pause(self._backoff)
+        self._back_off()
 
     def _crashed(self, error: Exception) -> None:
         log.error("ingest pass crashed, retrying the entries in hand", exc_info=error)
@@ -167,6 +166,10 @@ class Ingest:
             # As after a restart: re-reading counts a delivery, the in-flight marker
             # names the suspects.
             self.recovering[shard] = True
+        self._back_off()
+
+    def _back_off(self) -> None:
+        """Wait before the next pass, twice as long as last time, up to `backoff_max`."""
         self._backoff = min(self.settings.backoff_max, max(0.05, self._backoff * 2))
         self.pause(self._backoff)
 
@@ -443,11 +446,7 @@ class Ingest:
             rejected = Rejected(
                 a.entry_id, {codec.ENTRY_FIELD: a.payload}, DATABASE_REFUSED, str(error)
             )
-            self.streams.dead_letter(shard, [rejected])
-            metrics.DEAD_LETTERS.labels(rejected.reason).inc()
-            log.warning(
-                "entry dead-lettered", shard=shard, entry_id=a.entry_id, reason=DATABASE_REFUSED
-            )
+            self._dead_letter(shard, [rejected])
             return
         half = len(batch) // 2
         self._store(shard, batch[:half])

@@ -128,11 +128,14 @@ class Streams:
     def read_new_checked(
         self, shards: Sequence[int], count: int, block_ms: int
     ) -> tuple[dict[int, list[Entry]], list[int]]:
-        """`read_new`, and then `others_pending` of the same shards, in one round trip.
+        """`read_new`, then the shards where a consumer other than us holds unacknowledged
+        entries, in one round trip.
 
-        Redis runs a pipeline's commands in order, and those after a blocking read only
-        once it returns, so the pending summaries are taken after our read, exactly as a
-        separate `others_pending` call would take them; one round trip less per batch.
+        After a takeover, a stalled former owner can still be handed entries (a blocking
+        read it sent before it stopped is served while it sleeps). They are older than
+        anything we read after them, so they must be claimed and stored first. Redis runs a
+        pipeline's commands in order, and those after a blocking read only once it
+        returns, so the pending summaries are taken after our read.
         """
         pipe = self.redis.pipeline(transaction=False)
         pipe.xreadgroup(
@@ -247,18 +250,6 @@ class Streams:
             return None
         first, _, last = _s(value).partition(" ")
         return first, last or first
-
-    def others_pending(self, shards: Sequence[int]) -> list[int]:
-        """The shards where a consumer other than us holds unacknowledged entries.
-
-        After a takeover, a stalled former owner can still be handed entries (a blocking
-        read it sent before it stopped is served while it sleeps). They are older than
-        anything we read after them, so they must be claimed and stored first.
-        """
-        pipe = self.redis.pipeline(transaction=False)
-        for shard in shards:
-            pipe.xpending(keys.stream(shard), keys.INGEST_GROUP)
-        return self._held_by_others(shards, pipe.execute())
 
     # -- run records, for `contextlog status` -----------------------------------------------
     def record_start(self, now_ms: int) -> None:
