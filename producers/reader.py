@@ -125,7 +125,7 @@ def assemble(
         system=system,
         window_start=q.start,
         compacted=compacted,
-        before=[r[5] for r in rows] if rows and len(rows[0]) > 5 else None,
+        before=[r[5] for r in rows] or None,
     )
 
 

@@ -86,15 +86,15 @@ SELECT shard, epoch, last_entry_id, events, updated_at FROM shard_checkpoints OR
 SELECT coalesce(sum(events), 0)::bigint AS stored FROM shard_checkpoints;
 
 -- name: conversation_state
--- With the restored session (while its restore is within the rolling window) and the
--- thread's compaction summary, for the preamble.
+-- With the restored session (while its restore is within the rolling window: the same
+-- edge as `window_messages`) and the thread's compaction summary, for the preamble.
 SELECT c.cleared_seq, c.cleared_at, c.rolling_window, c.idle_timeout, c.token_budget,
        c.last_activity_at, s.session_id, s.created_at, s.summary, t.compaction_summary
 FROM conversations c
 LEFT JOIN sessions s
   ON s.agent = c.agent AND s.channel = c.channel AND s.session_id = c.restored_session
- AND c.restored_at >= %(now)s::timestamptz
-     - make_interval(secs => coalesce(c.rolling_window, %(default_window)s))
+ AND c.restored_at >= contextlog_window_start(
+         %(now)s, coalesce(c.rolling_window, %(default_window)s))
 LEFT JOIN threads t
   ON t.agent = c.agent AND t.channel = c.channel AND t.thread = %(thread)s
  AND t.compacted_through_seq > 0
@@ -109,8 +109,9 @@ WHERE c.agent = %(agent)s AND c.channel = %(channel)s;
 -- the window index by time, the (agent, channel, seq) key by the restored positions.
 --
 -- Cache-stable trimming (producers/context.py `trim_start` is the same rule in Python):
--- the rolling cut-off moves in steps of 1/24 of the window (floored, so the window
--- reaches back up to one step further), and a window over the budget starts at the first
+-- the rolling cut-off moves in steps of 1/24 of the window (`contextlog_window_start`,
+-- floored, so the window reaches back up to one step further), and a window over the
+-- budget starts at the first
 -- row whose `before` (tokens of the window before it) reaches a multiple of the step
 -- budget/2 chosen so the rest fits. The start moves only when the window grows by
 -- half a budget, so one trim serves many turns; only those rows are fetched and
@@ -122,10 +123,8 @@ WITH c AS (
                        AND thread = %(thread)s), 0) AS compacted,
            coalesce(token_budget, %(default_budget)s) AS budget,
            greatest(1, coalesce(token_budget, %(default_budget)s) / 2) AS step,
-           to_timestamp(floor(extract(epoch FROM %(now)s::timestamptz
-               - make_interval(secs => coalesce(rolling_window, %(default_window)s)))
-               / greatest(1, coalesce(rolling_window, %(default_window)s) / 24))
-               * greatest(1, coalesce(rolling_window, %(default_window)s) / 24)) AS cutoff
+           contextlog_window_start(
+               %(now)s, coalesce(rolling_window, %(default_window)s)) AS cutoff
     FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s
 ), w AS (
     -- Positions and token counts only: the window's sums are taken over these, and
@@ -149,7 +148,7 @@ WITH c AS (
                          ELSE (t.total - c.budget + c.step - 1) / c.step * c.step END AS at
     FROM (SELECT coalesce(sum(tokens), 0) AS total, max(seq) AS last FROM w) t, c
 ), k AS MATERIALIZED (
-    SELECT s.seq, s.before, cut.total
+    SELECT s.seq, s.before
     FROM (SELECT w.seq,
                  sum(w.tokens) OVER (ORDER BY w.seq ROWS UNBOUNDED PRECEDING) - w.tokens
                      AS before
@@ -157,7 +156,7 @@ WITH c AS (
     WHERE s.before >= cut.at OR s.seq = cut.last
 )
 SELECT k.seq, e.occurred_at, e.tokens, e.payload->>'role', e.payload->'content',
-       k.before::bigint, k.total::bigint
+       k.before::bigint
 -- One lookup by key per kept row, whatever the planner estimates (LIMIT keeps the
 -- subquery from being flattened into a join; MATERIALIZED above for the same reason:
 -- a fresh table has no statistics, and a plan that joins first reads every payload of
@@ -168,9 +167,10 @@ FROM k CROSS JOIN LATERAL (
 ) e
 ORDER BY 1;
 -- name: active_threads
+-- The other threads active within the rolling window (the same edge as `window_messages`).
 WITH c AS (
-    SELECT %(now)s::timestamptz
-           - make_interval(secs => coalesce(rolling_window, %(default_window)s)) AS cutoff
+    SELECT contextlog_window_start(
+               %(now)s, coalesce(rolling_window, %(default_window)s)) AS cutoff
     FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s
 )
 SELECT t.thread, t.message_count, t.last_activity_at FROM c JOIN threads t

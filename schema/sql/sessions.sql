@@ -6,8 +6,8 @@
 -- session keeps every message; restoring it may compact again).
 WITH c AS (
     SELECT cleared_seq, restored_seqs, restored_at,
-           %(at)s::timestamptz
-           - make_interval(secs => coalesce(rolling_window, %(default_window)s)) AS cutoff
+           contextlog_window_start(
+               %(at)s, coalesce(rolling_window, %(default_window)s)) AS cutoff
     FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s
 )
 SELECT e.seq, e.thread, e.occurred_at, e.tokens, e.payload->>'role', e.payload->'content'

@@ -98,6 +98,38 @@ def test_the_rolling_edge_moves_in_steps_the_sql_and_python_agree(db: str, log: 
     assert len(firsts) == 1 and json.dumps(later.messages[0]) not in firsts
 
 
+def test_the_window_start_has_one_rule_in_sql_and_python(db: str) -> None:
+    """`contextlog_window_start` (every query's edge) is `rolling_cutoff`, whatever the
+    window length and the time of the read."""
+    windows = [1, 23, 24, 25, 60, 3_599, 3_600, 86_400, 86_401, 604_800]
+    times = [NOW + dt.timedelta(seconds=s) for s in (0, 1, 59, 3_599, 3_600, 12_345, 86_399)]
+    with psycopg.connect(db) as conn:
+        for window in windows:
+            for now in times:
+                (got,) = conn.execute(
+                    "SELECT contextlog_window_start(%s, %s)", (now, window)
+                ).fetchone()  # type: ignore[misc]
+                assert got == rolling_cutoff(now, window), (window, now)
+
+
+def test_the_thread_list_follows_the_same_edge_as_the_messages(
+    db: str, log: Log
+) -> None:
+    """Between the floored edge and `now - window`, messages are still in the window, and a
+    thread active there is listed in the preamble too (the thread list, like a restore's
+    visibility and saves, used the unfloored edge: for up to an hour the preamble and the
+    messages disagreed)."""
+    r = ContextReader.from_url(db, defaults=ConversationDefaults(token_budget=10**9))
+    now = NOW + 30 * MINUTE  # the edge is floored to NOW - 24 h
+    log.say("user", "main line, kept", NOW - 24 * HOUR + 5 * MINUTE)
+    log.say("user", "side thread, quiet since", NOW - 24 * HOUR + 10 * MINUTE, thread="side")
+    ctx = r.context("alpha", "general", now=now)
+    r.close()
+    assert ctx.window_start == NOW - 24 * HOUR
+    assert [m["content"] for m in ctx.messages] == [[{"type": "text", "text": "main line, kept"}]]
+    assert ctx.system is not None and "- thread side" in ctx.system
+
+
 def test_a_newest_exchange_over_the_budget_is_still_read_whole(db: str, log: Log) -> None:
     """The budget's cut lands inside the newest exchange (no turn to start at in the
     fetched rows): the reader fetches the whole window and keeps that exchange, valid."""
