@@ -266,15 +266,8 @@ def _replace(turn: Turn, kept: list[Block]) -> None:
 def from_cycle_end(messages: Sequence[StoredMessage]) -> Sequence[StoredMessage]:
     """The messages from the first user message that answers no tool call: a window whose
     edge falls inside a tool-use cycle starts after that cycle, not in its middle."""
-    for i, m in enumerate(messages):
-        if m.role != "user":
-            continue
-        if isinstance(m.content, str):
-            if not _blank(m.content):
-                return _after(messages, i)
-        elif _blocks(m.content) and not any(b.get("type") == "tool_result" for b in m.content):
-            return _after(messages, i)
-    return _after(messages, len(messages))
+    first = (i for i, m in enumerate(messages) if clean_start(m.role, m.content))
+    return _after(messages, next(first, len(messages)))
 
 
 def _after(messages: Sequence[StoredMessage], i: int) -> Sequence[StoredMessage]:

@@ -25,13 +25,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
+from contextlog.schema.blocks import THINKING
+
 if TYPE_CHECKING:
     from contextlog.producers.context import Context
 
 Block = dict[str, Any]
 MAX_BREAKPOINTS: Final = 4
 EPHEMERAL: Final = {"type": "ephemeral"}
-_UNMARKABLE: Final = frozenset({"thinking", "redacted_thinking"})
 
 
 def request(
@@ -117,7 +118,7 @@ def _mark_message(messages: list[dict[str, Any]], i: int) -> int:
     blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
     for j in range(len(blocks) - 1, -1, -1):
         b = blocks[j]
-        if b.get("type") in _UNMARKABLE or (b.get("type") == "text" and not b.get("text")):
+        if b.get("type") in THINKING or (b.get("type") == "text" and not b.get("text")):
             continue
         placed = _set(blocks, j)
         messages[i] = {**messages[i], "content": blocks}

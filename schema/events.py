@@ -16,11 +16,14 @@ import msgspec
 from msgspec import Meta, Struct
 
 from contextlog.schema import blocks
+from contextlog.schema.blocks import MAX_BLOCKS
 
-# Bounds. Names and ids are short; free text is capped well below the entry-size cap.
-MAX_NAME = 200
-MAX_TEXT = 200_000
-MAX_BLOCKS = 256
+# Bounds. Names and ids are short, free text is capped well below the entry-size cap: the
+# same bounds as the content blocks', named here too for the events' users.
+MAX_NAME = blocks.MAX_NAME
+MAX_TEXT = blocks.MAX_TEXT
+Name = blocks.Name
+Text = blocks.Text
 MAX_SESSION_ID = 80
 MAX_DESCRIPTION = 500
 MAX_DURATION_S = 366 * 86400
@@ -44,10 +47,6 @@ NAME_FIELDS = (
     "session_id",
 )
 
-Name = Annotated[str, Meta(min_length=1, max_length=MAX_NAME)]
-Text = Annotated[str, Meta(max_length=MAX_TEXT)]
-ToolId = Annotated[str, Meta(min_length=1, max_length=MAX_NAME, pattern=r"^[a-zA-Z0-9_-]+$")]
-ToolName = Annotated[str, Meta(min_length=1, max_length=MAX_NAME, pattern=r"^[a-zA-Z0-9_-]+$")]
 SessionRef = Annotated[str, Meta(min_length=1, max_length=MAX_SESSION_ID)]
 Description = Annotated[str, Meta(max_length=MAX_DESCRIPTION)]
 Seconds = Annotated[int, Meta(ge=0, le=MAX_DURATION_S)]
@@ -63,10 +62,7 @@ Role = Literal["user", "assistant"]
 TextBlock = blocks.TextBlock
 ToolUseBlock = blocks.ToolUseBlock
 ToolResultBlock = blocks.ToolResultBlock
-ContentBlock: TypeAlias = blocks.Block
-Content: TypeAlias = (
-    Text | Annotated[list[msgspec.Raw], Meta(min_length=1, max_length=MAX_BLOCKS)]
-)
+Content: TypeAlias = Text | Annotated[list[msgspec.Raw], Meta(min_length=1, max_length=MAX_BLOCKS)]
 
 
 class Event(Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type"):

@@ -199,9 +199,7 @@ def run(settings: Settings, agent: str, channel: str, stdin: TextIO = sys.stdin)
     # once instead of failing line by line.
     reader = cli_common.reader(settings)  # its pool opens on first use: nothing to close
     producer = cli_common.producer(settings)
-    notes = Notifications(
-        cli_common.redis_client(settings), SOURCE, group=f"chat-{agent}-{channel}"
-    )
+    notes = Notifications(producer.redis, SOURCE, group=f"chat-{agent}-{channel}")
     reply = claude_model(settings) if settings.anthropic_api_key else echo_model
     chat = Chat(producer, reader, notes, agent, channel, reply)
     model = "Claude" if settings.anthropic_api_key else "the offline echo model"

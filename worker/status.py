@@ -17,7 +17,7 @@ from contextlog.schema import keys
 from contextlog.schema.queries import query
 from contextlog.worker.jobs import IDLE, SUMMARIES
 from contextlog.worker.rqworker import dead_because
-from contextlog.worker.streams import entry_time_ms, recent_failures
+from contextlog.worker.streams import entry_time_ms, id_key, recent_failures
 from contextlog.worker.sweeper import BEAT_S, heartbeat_key, pid_namespace
 
 
@@ -127,7 +127,7 @@ def _lag_without_lag(client: Any, stream: str, group: dict[str, Any], length: in
     LAG_COUNT_MAX, XLEN beyond (an upper bound)."""
     delivered = _text(group.get("last-delivered-id")) or "0-0"
     newest = _text(client.xinfo_stream(stream).get("last-generated-id")) or "0-0"
-    if _entry_id(delivered) >= _entry_id(newest):
+    if id_key(delivered) >= id_key(newest):
         return 0
     after = client.xrange(stream, min=f"({delivered}", max="+", count=LAG_COUNT_MAX)
     return len(after) if len(after) < LAG_COUNT_MAX else length
@@ -135,11 +135,6 @@ def _lag_without_lag(client: Any, stream: str, group: dict[str, Any], length: in
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value or "")
-
-
-def _entry_id(entry: str) -> tuple[int, int]:
-    ms, _, seq = entry.partition("-")
-    return int(ms), int(seq or 0)
 
 
 def shard_problems(rows: list[ShardStatus]) -> list[str]:
