@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import os
-import socket
 import subprocess
 import urllib.error
 import urllib.request
@@ -24,6 +23,7 @@ from contextlog.worker.jobs import FAILURE_TTL, SUMMARIES, Jobs
 from tests.support import services
 from tests.support.processes import ROOT, Process, started
 from tests.support.running import eventually
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -51,12 +51,6 @@ def chromium_or_skip() -> Path:
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
     return CHROMIUM
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def status(url: str, credentials: tuple[str, str] | None = None) -> int:

@@ -22,6 +22,7 @@ import pytest
 
 from contextlog.worker.devenv_servers import RUN_MARKER, SUN_PATH_MAX
 from tests.support.processes import ROOT
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -34,12 +35,6 @@ def wait_until(check: Callable[[], bool], what: str, timeout: float = 40.0) -> N
         if time.monotonic() > deadline:
             raise AssertionError(f"gave up after {timeout} s waiting for {what}")
         time.sleep(0.1)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def listening(port: int) -> bool:

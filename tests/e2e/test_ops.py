@@ -4,7 +4,6 @@ carry message content at info level or a secret."""
 from __future__ import annotations
 
 import os
-import socket
 import urllib.request
 from pathlib import Path
 
@@ -17,17 +16,12 @@ from contextlog.schema import notices as nt
 from tests.support.fake_anthropic import FakeAPIServer
 from tests.support.processes import Process
 from tests.support.running import eventually
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.e2e
 
 SECRET = "sk-ant-test-SECRET-0123456789"
 CONTENT = "the launch code is PURPLE-ELEPHANT-42"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def metrics(port: int) -> str:

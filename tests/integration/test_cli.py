@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -27,18 +26,12 @@ from contextlog.worker import archive, cli, logs
 from contextlog.worker.cli_common import console
 from tests.support import services
 from tests.support.running import eventually, running, settings_for
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.integration
 
 A, C = "alpha", "general"
 CONTEXTLOG = str(Path(sys.executable).parent / "contextlog")
-
-
-def closed_port() -> int:
-    """A local TCP port nothing listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -117,7 +110,7 @@ def test_redis_unreachable_exits_3_quickly(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setenv("REDIS_URL", f"redis://127.0.0.1:{closed_port()}/13")
+    monkeypatch.setenv("REDIS_URL", f"redis://127.0.0.1:{free_port()}/13")
     file = str(export_file(tmp_path, HELLO))
     started = time.monotonic()
     code, _, err = run([file if a == "{file}" else a for a in argv], capsys)
@@ -132,7 +125,7 @@ def test_postgres_unreachable_exits_3_quickly(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setenv("DATABASE_URL", f"postgresql://postgres@127.0.0.1:{closed_port()}/x")
+    monkeypatch.setenv("DATABASE_URL", f"postgresql://postgres@127.0.0.1:{free_port()}/x")
     started = time.monotonic()
     code, _, err = run(argv, capsys)
     assert (code, time.monotonic() - started < 3) == (3, True), err
@@ -141,8 +134,8 @@ def test_postgres_unreachable_exits_3_quickly(
 
 def test_console_script_reports_an_outage_in_one_line(env: dict[str, str]) -> None:
     for var, url in (
-        ("REDIS_URL", f"redis://127.0.0.1:{closed_port()}/13"),
-        ("DATABASE_URL", f"postgresql://postgres@127.0.0.1:{closed_port()}/x"),
+        ("REDIS_URL", f"redis://127.0.0.1:{free_port()}/13"),
+        ("DATABASE_URL", f"postgresql://postgres@127.0.0.1:{free_port()}/x"),
     ):
         argv = ["send", "message", A, C, "hi"] if var == "REDIS_URL" else ["sessions", A]
         done = subprocess.run(

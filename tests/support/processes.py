@@ -13,11 +13,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# The developer's shell must not point a test's process at the real API.
+_NOT_INHERITED = ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL")
+
+
 def offline_env(database_url: str, redis_url: str, **extra: str) -> dict[str, str]:
     """The environment of a `contextlog` process in a test: this test's servers, four
-    shards, and no API key (summaries by the local summarizer, never the network)."""
+    shards, and no API key or base URL (summaries by the local summarizer, never the
+    network, unless `extra` names a local API)."""
     return {
-        **{k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"},
+        **{k: v for k, v in os.environ.items() if k not in _NOT_INHERITED},
         "DATABASE_URL": database_url,
         "REDIS_URL": redis_url,
         "CONTEXTLOG_SHARDS": "4",

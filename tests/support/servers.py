@@ -102,7 +102,6 @@ class RedisServer:
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
 
     def __enter__(self) -> RedisServer:
         return self.start()
@@ -129,7 +128,6 @@ class RedisServer:
     def start(self) -> RedisServer:
         """Start (or restart) the server and wait until it answers PING."""
         assert self.proc is None or self.proc.poll() is not None, "redis-server is running"
-        self.starts += 1
         self.proc = subprocess.Popen(
             self.argv(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
         )
@@ -177,7 +175,6 @@ class PostgresCluster:
         self.user = user
         self.bindir = postgres_bindir()
         self.url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
-        self.starts = 0
 
     @classmethod
     def start_new(cls) -> PostgresCluster:
@@ -213,7 +210,6 @@ class PostgresCluster:
 
     def start(self) -> PostgresCluster:
         """Start the server (after a crash: recover) and wait until it takes connections."""
-        self.starts += 1
         options = " ".join(
             [
                 f"-p {self.port}",
@@ -241,12 +237,6 @@ class PostgresCluster:
                 return True
         except psycopg.OperationalError:
             return False
-
-    def log_tail(self, lines: int = 20) -> str:
-        """The end of the server's log."""
-        log = self.datadir / "server.log"
-        text = log.read_text(errors="replace") if log.exists() else "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
 
     def close(self) -> None:
         """Stop the server and remove the cluster."""

@@ -31,7 +31,7 @@ import redis
 from contextlog.producers import Producer
 from contextlog.schema import keys
 from contextlog.schema.errors import Unavailable
-from tests.support.processes import Process
+from tests.support.processes import Process, offline_env
 from tests.support.servers import PostgresCluster, RedisServer
 
 SHARDS = 4
@@ -39,9 +39,6 @@ LOAD_AGENT = "load"
 STALL_S = 30.0  # a log that stops growing short of its target fails this soon
 PUSH_RETRY_S = 60.0  # how long the load keeps retrying a batch through an outage
 READY_S = 60.0  # for a process to start serving
-
-# Inherited variables a test must not pick up from the developer's shell.
-_SCRUBBED = ("DATABASE_URL", "REDIS_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL")
 
 
 class Stack:
@@ -52,17 +49,16 @@ class Stack:
         self.pg = pg
         self.redis = rds
         self.database_url = db
-        self.env = {
-            **{k: v for k, v in os.environ.items() if k not in _SCRUBBED},
-            "DATABASE_URL": db,
-            "REDIS_URL": rds.url,
-            "CONTEXTLOG_SHARDS": str(SHARDS),
-            "CONTEXTLOG_LOG_LEVEL": "warning",
-            "CONTEXTLOG_LOG_FORMAT": "console",
-            "CONTEXTLOG_BLOCK_MS": "100",
+        self.env = offline_env(
+            db,
+            rds.url,
+            CONTEXTLOG_SHARDS=str(SHARDS),
+            CONTEXTLOG_LOG_LEVEL="warning",
+            CONTEXTLOG_LOG_FORMAT="console",
+            CONTEXTLOG_BLOCK_MS="100",
             # Back in business quickly after an outage (the default backs off to 10 s).
-            "CONTEXTLOG_BACKOFF_MAX": "0.5",
-        }
+            CONTEXTLOG_BACKOFF_MAX="0.5",
+        )
         self.ingests: list[Process] = []
         self.workers: list[Process] = []
         self.client = redis.Redis.from_url(rds.url, socket_timeout=10)
@@ -70,18 +66,17 @@ class Stack:
     # -- processes ----------------------------------------------------------------------
     def add_ingest(self, **env: str) -> Process:
         """Start one more `contextlog ingest`, consumer `ingest-<n>` (stable across restarts)."""
-        n = len(self.ingests)
-        extra = {"CONTEXTLOG_CONSUMER": f"ingest-{n}", **env}
-        p = Process("ingest", {**self.env, **extra}, self.workdir / f"ingest-{n}.log")
-        self.ingests.append(p)
-        return self.start(p)
+        return self._add("ingest", self.ingests, env)
 
     def add_worker(self, **env: str) -> Process:
         """Start one more `contextlog worker`, consumer `worker-<n>`."""
-        n = len(self.workers)
-        extra = {"CONTEXTLOG_CONSUMER": f"worker-{n}", **env}
-        p = Process("worker", {**self.env, **extra}, self.workdir / f"worker-{n}.log")
-        self.workers.append(p)
+        return self._add("worker", self.workers, env)
+
+    def _add(self, command: str, started: list[Process], env: dict[str, str]) -> Process:
+        name = f"{command}-{len(started)}"
+        extra = {"CONTEXTLOG_CONSUMER": name, **env}
+        p = Process(command, {**self.env, **extra}, self.workdir / f"{name}.log")
+        started.append(p)
         return self.start(p)
 
     def start(self, p: Process) -> Process:
