@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -21,20 +20,9 @@ from contextlog.schema import notices as nt
 from contextlog.schema.defaults import ConversationDefaults
 from contextlog.schema.queries import query
 from contextlog.worker import sessions
+from contextlog.worker.effects import Effect, Notice, Summarize
 
 Cursor = psycopg.Cursor[TupleRow]
-NOTICE = "notice"
-SUMMARIZE = "summarize"
-COMPACT = "compact"
-ARM = "arm"  # an idle timer (agent, channel, due): kept in Redis, re-armed by the sweep
-
-
-@dataclass(frozen=True)
-class Effect:
-    """Something to do outside Postgres once the batch has committed."""
-
-    kind: str  # NOTICE (body: source, notice), SUMMARIZE or COMPACT (agent, channel, ...)
-    body: dict[str, Any]
 
 
 def notice(
@@ -55,7 +43,7 @@ def notice(
         event_id=str(e.event_id),
         **fields,
     )
-    return [Effect(NOTICE, {"source": source, "notice": nt.encode(n).decode()})]
+    return [Notice(source, nt.encode(n).decode())]
 
 
 def refused(e: ev.Event, reason: str) -> list[Effect]:
@@ -145,7 +133,7 @@ def create_session(
         cur.execute(query("mark_saved"), {**_key(e), "seq": seq})
     effects = notice(e, kind, text, session_id=sid, auto=auto)
     if summary is None:
-        effects.append(Effect(SUMMARIZE, {**_key(e), "session_id": sid}))
+        effects.append(Summarize(e.agent, e.channel, sid))
     return effects
 
 

@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("contextlog.jobs")
 
 SUMMARIES: Final = "summaries"
-IDLE: Final = "idle"
 JOB_SOURCE: Final = "contextlog-jobs"  # the namespace of derived result event ids
 RESULT_TTL: Final = 3600  # finished jobs stay visible in rq-dashboard for an hour
 FAILURE_TTL: Final = 7 * 86400
@@ -263,7 +262,12 @@ def read_windows(res: Resources, agent: str, channel: str) -> list[ThreadWindow]
     """The windows of the conversation's threads that passed the compaction threshold."""
     now = res.clock.now()
     d = res.reader.defaults
-    key = {"agent": agent, "channel": channel, "default_budget": d.token_budget}
+    key = {
+        "agent": agent,
+        "channel": channel,
+        "default_budget": d.token_budget,
+        "compact_at": sessions.COMPACT_AT,
+    }
     out = []
     with res.reader.connection() as conn:
         for thread, previous, base_seq, budget in conn.execute(
@@ -358,13 +362,32 @@ def compact_conversation(agent: str, channel: str) -> str:
     return run_compaction(resources(), agent, channel)
 
 
-def idle_check(agent: str, channel: str) -> str:
-    """RQ job on `idle`: the conversation's idle deadline passed (or was due)."""
-    from rq import get_current_job
-
+def idle_due(bucket: str) -> str:
+    """RQ job on `idle`: the second of a bucket of idle deadlines came."""
     from contextlog.worker.bootstrap import resources
 
-    res = resources()
+    return idle.run_bucket(resources(), bucket, _current_job_id())
+
+
+def idle_part(convs: list[tuple[str, str]]) -> str:
+    """RQ job on `idle`: a part of a bucket too large for one job."""
+    from contextlog.worker.bootstrap import resources
+
+    done = idle.run_checks(resources(), [(a, c) for a, c in convs], _current_job_id())
+    return f"checked {len(done)}"
+
+
+def idle_check(agent: str, channel: str) -> str:
+    """RQ job on `idle` as versions before buckets scheduled it (one per conversation);
+    kept so that jobs scheduled before an upgrade still run."""
+    from contextlog.worker.bootstrap import resources
+
+    return idle.run_checks(resources(), [(agent, channel)], _current_job_id())[(agent, channel)]
+
+
+def _current_job_id() -> str:
+    from rq import get_current_job
+
     job = get_current_job()
     assert job is not None
-    return idle.run_check(res, agent, channel, job.id)
+    return job.id

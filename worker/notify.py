@@ -7,6 +7,7 @@ from typing import Final, Protocol
 
 import redis
 
+from contextlog.producers.connection import SyncClient
 from contextlog.schema import keys
 from contextlog.schema.errors import Unavailable
 from contextlog.schema.notices import ENTRY_FIELD, Notice, encode
@@ -24,7 +25,7 @@ class Notifier(Protocol):
 class RedisNotifier:
     """XADDs notices to each source's outbox stream, capped near `maxlen` entries."""
 
-    def __init__(self, client: redis.Redis, maxlen: int = DEFAULT_MAXLEN) -> None:
+    def __init__(self, client: SyncClient, maxlen: int = DEFAULT_MAXLEN) -> None:
         self.redis = client
         self.maxlen = maxlen
 

@@ -7,7 +7,6 @@ triggers and timer arms are not kept: the next batch of the conversation asks ag
 
 from __future__ import annotations
 
-import msgspec
 import psycopg
 import redis
 import structlog
@@ -15,12 +14,11 @@ from psycopg.rows import TupleRow
 
 from contextlog.schema.errors import Unavailable
 from contextlog.schema.queries import query
-from contextlog.worker.handlers import ARM, COMPACT, Effect
+from contextlog.worker import effects as fx
+from contextlog.worker.effects import Effect
 from contextlog.worker.relay import Relay
 
 log = structlog.get_logger("contextlog.outbox")
-
-UNKEPT = (COMPACT, ARM)  # effects a later batch asks for again
 
 
 class Outbox:
@@ -33,10 +31,10 @@ class Outbox:
 
     def keep(self, cur: psycopg.Cursor[TupleRow], effects: list[Effect]) -> list[int]:
         """In the batch's transaction: store the effects a crash must not lose; their ids."""
-        durable = [x for x in effects if x.kind not in UNKEPT]
+        durable = fx.durable(effects)
         if not durable:
             return []
-        rows = msgspec.json.encode([{"kind": x.kind, "body": x.body} for x in durable])
+        rows = fx.to_rows(durable)
         return [int(r[0]) for r in cur.execute(query("insert_effects"), {"rows": rows.decode()})]
 
     def send(self, effects: list[Effect], ids: list[int]) -> None:
@@ -61,7 +59,7 @@ class Outbox:
                 params = {"older_than": older_than, "limit": limit}
                 rows = self.conn.execute(query("take_effects"), params).fetchall()
                 if rows:
-                    self.relay.send([Effect(r[1], r[2]) for r in rows])
+                    self.relay.send([fx.from_row(r[1], r[2]) for r in rows])
                     self.conn.execute(query("delete_effects"), {"ids": [r[0] for r in rows]})
         except psycopg.OperationalError as e:
             raise Unavailable(f"Postgres: {e}") from e

@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING
 
 from contextlog.schema import notices as nt
 from contextlog.worker.clock import Clock, SystemClock
-from contextlog.worker.handlers import ARM, COMPACT, NOTICE, SUMMARIZE, Effect
+from contextlog.worker.effects import Arm, Compact, Effect, Notice, Summarize
 from contextlog.worker.notify import Notifier
 
 if TYPE_CHECKING:
-    from contextlog.worker.idle import Timers
     from contextlog.worker.jobs import Jobs
+    from contextlog.worker.timers import Timers
 
 
 class Relay:
@@ -31,21 +31,21 @@ class Relay:
         self.clock = clock or SystemClock()
 
     def send(self, effects: Sequence[Effect]) -> None:
-        """Notices in one round trip, timers in one, then one enqueue per job."""
-        notices = [
-            (str(x.body["source"]), nt.decode(str(x.body["notice"]).encode()))
-            for x in effects
-            if x.kind == NOTICE
-        ]
-        self.notifier.publish(notices)
-        arms = [
-            (x.body["agent"], x.body["channel"], x.body["due"]) for x in effects if x.kind == ARM
-        ]
-        if arms and self.timers is not None:
-            self.timers.arm_many(arms, self.clock.now())
+        """Jobs, then timers in one round trip, then notices in one.
+
+        Notices go last: an adapter that hears `session_saved` may at once wait for the
+        summary, so the job that writes it is queued before anyone is told.
+        """
         for x in effects:
-            if x.kind == SUMMARIZE:
-                self.jobs.summarize(x.body["agent"], x.body["channel"], x.body["session_id"])
-        compact = [(x.body["agent"], x.body["channel"]) for x in effects if x.kind == COMPACT]
+            if isinstance(x, Summarize):
+                self.jobs.summarize(x.agent, x.channel, x.session_id)
+        compact = [(x.agent, x.channel) for x in effects if isinstance(x, Compact)]
         if compact:
             self.jobs.compact_many(compact)
+        arms = [(x.agent, x.channel, x.due) for x in effects if isinstance(x, Arm)]
+        if arms and self.timers is not None:
+            self.timers.arm_many(arms, self.clock.now())
+        notices = [
+            (x.source, nt.decode(x.notice.encode())) for x in effects if isinstance(x, Notice)
+        ]
+        self.notifier.publish(notices)

@@ -15,7 +15,9 @@ MAX_SLUG = 40
 PREVIEW_CHARS = 80
 HASH_CHARS = 6
 LAST = "last"
-COMPACT_AT = 0.75  # compact when a window passes this share of its token budget
+# Compact when a window passes this share of its token budget: the one home of the rule
+# (`over_threshold` here, and the queries `advance_threads` and `threads_to_compact`).
+COMPACT_AT = 0.75
 
 _NOT_SLUG = re.compile(r"[^a-z0-9-]+")
 _HYPHENS = re.compile(r"-{2,}")

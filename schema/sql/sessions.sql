@@ -180,10 +180,12 @@ ORDER BY created_at LIMIT %(limit)s;
 UPDATE conversations SET last_saved_seq = %(seq)s
 WHERE agent = %(agent)s AND channel = %(channel)s;
 
--- name: idle_state
-SELECT coalesce(idle_timeout, %(default)s), last_activity_at, last_message_seq, cleared_seq,
-       last_saved_seq, source
-FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s;
+-- name: idle_states
+-- What the idle checks read of many conversations at once.
+SELECT c.agent, c.channel, coalesce(c.idle_timeout, %(default)s), c.last_activity_at,
+       c.last_message_seq, c.cleared_seq, c.last_saved_seq, c.source
+FROM unnest(%(agents)s::text[], %(channels)s::text[]) AS k(agent, channel)
+JOIN conversations c ON c.agent = k.agent AND c.channel = k.channel;
 
 -- name: idle_candidates
 -- Conversations that need an idle timer: a timeout and messages since the last save or

@@ -43,11 +43,11 @@ from rq.scheduler import RQScheduler
 from rq.utils import utcparse
 
 from contextlog.producers import Batch, Producer
-from contextlog.schema import keys
 from contextlog.schema.queries import query
+from contextlog.worker import deadletters
 from contextlog.worker.config import DEFAULT_BATCH_SIZE
-from contextlog.worker.idle import IDLE
 from contextlog.worker.jobs import SUMMARIES
+from contextlog.worker.timers import IDLE, PART
 from tests.bench.harness import (
     ROOT,
     STOP_TIMEOUT,
@@ -72,6 +72,7 @@ IDLE_TIMEOUT = 30
 ARM_MARGIN_S = 5.0  # part 1 fails if the timers are armed later than this before the deadline
 WORKERS = 2  # one per core of the reference machine; one of them runs RQ's scheduler
 SHARDS = 4
+TIMERS = "contextlog:idle:*"  # one Redis hash per armed conversation
 FILL_BATCH = 1000  # events per producer pipeline
 POLL_SECONDS = 0.1
 START_TIMEOUT_S = 60.0
@@ -463,7 +464,7 @@ def _arm(
     at, started = dt.datetime.now(dt.UTC), time.perf_counter()
     _push(producer, n, message)
     pushed = time.perf_counter() - started
-    armed = lambda: _stored(conn) >= 2 * n and _scheduled(client) >= n  # noqa: E731
+    armed = lambda: _stored(conn) >= 2 * n and _count_keys(client, TIMERS) >= n  # noqa: E731
     _wait("timers armed", armed, groups, IDLE_TIMEOUT)
     seconds = time.perf_counter() - started
     print(f"  {n:,} messages pushed in {pushed:.2f}s, all armed after {seconds:.2f}s")
@@ -627,7 +628,7 @@ def _check(
             " GROUP BY agent, channel HAVING count(*) > 1) d"
         ).fetchone()[0]  # type: ignore[index]
     )
-    dead = int(client.xlen(keys.DEAD_LETTERS))
+    dead = deadletters.count(client, SHARDS)
     failed = {q: int(FailedJobRegistry(q, connection=client).count) for q in (IDLE, SUMMARIES)}
     expected = {"message.v1": n, "save.v1": n, "clear.v1": n}
     wrong = {k: kinds.get(k, 0) for k, v in expected.items() if kinds.get(k, 0) != v}
@@ -644,7 +645,7 @@ def _check(
         "conversations_saved_twice": twice,
         "dead_letters": dead,
         "failed_jobs": failed,
-        "timers_left": _count_keys(client, "contextlog:idle:*"),
+        "timers_left": _count_keys(client, TIMERS),
         "scheduled_left": _scheduled(client),
         # Processes log at `warning`: every line is worth a look.
         "log_lines": {g.name: len(g.lines()) for g in groups},
@@ -794,9 +795,10 @@ def _notes(fired: Fired, limits: list[Limit], cost: Cost) -> list[str]:
         + ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in marks.items())
         + f". Timers were armed {fired.armed_seconds:.2f} s after the messages' occurred_at "
         f"(push {fired.push_seconds:.2f} s).",
-        f"Idle jobs: {jobs['created']:,} for {n:,} conversations, "
-        f"{jobs['checks_before_deadline']:,} of them ran before the deadline and re-armed "
-        "(RQ scores scheduled jobs in whole seconds). RQ's scheduler released them in "
+        f"Idle jobs: {jobs['created']:,} for {n:,} conversations (one delayed job per "
+        f"second of deadlines, which hands its conversations out in parts of {PART} to jobs "
+        f"queued at once), {jobs['checks_before_deadline']:,} of them started before the "
+        "deadline. RQ's scheduler released them in "
         f"{jobs['scheduler_passes']} passes (RQ moves at most 1,000 jobs a pass and sleeps 1 s "
         f"between passes), the last {jobs['released_after_deadline_s'].get('max', 0):.2f} s "
         f"after the deadline; queue wait p50 {jobs['queue_wait_s'].get('p50', 0):.2f} s, p99 "

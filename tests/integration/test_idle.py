@@ -20,7 +20,8 @@ from contextlog.schema import events as ev
 from contextlog.schema import notices as nt
 from contextlog.schema.notices import Notice
 from contextlog.worker import idle
-from contextlog.worker.idle import Timers, timer_key
+from contextlog.worker import timers as tm
+from contextlog.worker.timers import Timers, timer_key
 from tests.support.processes import Process, offline_env, started
 from tests.support.running import eventually, running, settings_for
 
@@ -29,9 +30,7 @@ A = "alpha"
 
 @pytest.fixture
 def env(db: str, redis_url: str) -> dict[str, str]:
-    return offline_env(
-        db, redis_url, CONTEXTLOG_SWEEP_SECONDS="1", CONTEXTLOG_LOG_FORMAT="console"
-    )
+    return offline_env(db, redis_url, CONTEXTLOG_SWEEP_SECONDS="1", CONTEXTLOG_LOG_FORMAT="console")
 
 
 @pytest.fixture
@@ -153,12 +152,12 @@ def test_a_check_that_dies_mid_save_is_redone_by_the_sweep_and_saves_once(
                     A,
                     "c",
                     timer.job,
-                    lambda: idle.read_state(reader, A, "c"),
+                    lambda: idle.read_states(reader, [(A, "c")]).get((A, "c")),
                     push_and_die,
                     now,
                 )
             # The restarted worker's sweep: the job is no longer alive, so a new one is armed.
-            idle.sweep(reader, timers, now + dt.timedelta(seconds=idle.STUCK_S + 1))
+            idle.sweep(reader, timers, now + dt.timedelta(seconds=tm.STUCK_S + 1))
             again = timers.read(A, "c")
             assert again is not None and again.job != timer.job
             for _ in range(2):  # and a redelivery of the new job does nothing more
@@ -167,7 +166,7 @@ def test_a_check_that_dies_mid_save_is_redone_by_the_sweep_and_saves_once(
                     A,
                     "c",
                     again.job,
-                    lambda: idle.read_state(reader, A, "c"),
+                    lambda: idle.read_states(reader, [(A, "c")]).get((A, "c")),
                     lambda events: producer.push_many(events, atomic=True),
                     now + dt.timedelta(seconds=20),
                 )
@@ -194,17 +193,21 @@ def test_a_shorter_idle_setting_arms_the_timer_at_once(db: str, redis_url: str) 
             eid = producer.post_message(A, "settings", "user", "hi", occurred_at=at)
             reader.context(A, "settings", wait_for=eid, timeout=10)
             first = timers.read(A, "settings")
-            assert first is not None and first.due_ms == idle.ms(at + dt.timedelta(minutes=30))
+            assert first is not None and first.due_ms == tm.ms(at + dt.timedelta(minutes=30))
             eid = producer.configure(A, "settings", idle_timeout=5)  # no message after it
             reader.context(A, "settings", wait_for=eid, timeout=10)
 
-            due = idle.ms(at + dt.timedelta(seconds=5))
+            due = tm.ms(at + dt.timedelta(seconds=5))
             scheduled = Queue("idle", connection=rds).scheduled_job_registry
 
             def rearmed() -> bool:
                 timer = timers.read(A, "settings")
                 jobs = scheduled.get_job_ids()
-                return timer is not None and f"-{due}-" in timer.job and timer.job in jobs
+                return (
+                    timer is not None
+                    and f"-{tm.bucket_second(due)}-" in timer.job
+                    and timer.job in jobs
+                )
 
             eventually(rearmed, what="a job armed for the new 5 s timeout")
     finally:

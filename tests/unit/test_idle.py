@@ -13,8 +13,10 @@ from rq.job import Job
 
 from contextlog.schema import events as ev
 from contextlog.worker import idle
+from contextlog.worker import timers as tm
 from contextlog.worker.clock import FakeClock
-from contextlog.worker.idle import IdleState, Timers
+from contextlog.worker.idle import IdleState
+from contextlog.worker.timers import Timers
 
 A, C = "alpha", "general"
 T0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
@@ -75,7 +77,7 @@ def test_messages_arm_one_job_per_idle_period(timers: Timers) -> None:
         assert timers.arm_many([(A, C, at + dt.timedelta(seconds=30))], at) == (1 if i == 0 else 0)
     assert len(scheduled(timers)) == 1  # no job per message
     timer = timers.read(A, C)
-    assert timer is not None and timer.due_ms == idle.ms(T0 + dt.timedelta(seconds=79))
+    assert timer is not None and timer.due_ms == tm.ms(T0 + dt.timedelta(seconds=79))
     assert clock.slept == []
 
 
@@ -162,7 +164,7 @@ def test_a_dead_job_is_not_live_but_a_scheduled_one_is(timers: Timers) -> None:
     timer = timers.read(A, C)
     assert timer is not None
     assert timers.live([timer.job, "idle-gone"], T0) == [True, False]
-    Queue(idle.IDLE, connection=timers.redis).scheduled_job_registry.remove(timer.job)
+    Queue(tm.IDLE, connection=timers.redis).scheduled_job_registry.remove(timer.job)
     timers.redis.delete(f"rq:job:{timer.job}")  # Redis lost it
     assert timers.live([timer.job], T0) == [False]
 
@@ -174,7 +176,7 @@ def test_a_job_popped_by_a_worker_that_died_before_starting_it_is_dead(timers: T
     timers.arm_many([(A, C, T0)], T0)
     timer = timers.read(A, C)
     assert timer is not None
-    queue = Queue(idle.IDLE, connection=timers.redis)
+    queue = Queue(tm.IDLE, connection=timers.redis)
     queue.enqueue_job(Job.fetch(timer.job, connection=timers.redis))  # due: the scheduler moved it
     assert timers.live([timer.job], T0) == [True]
     timers.redis.lrem(queue.key, 0, timer.job)  # popped, then the worker was killed
@@ -205,3 +207,108 @@ def test_a_shortened_timeout_arms_an_earlier_job_and_supersedes_the_late_one(
         "superseded"
     )
     assert len(conv.pushed) == 1
+
+
+class Many:
+    """Many conversations' projections, as the idle checks read them."""
+
+    def __init__(self, convs: list[tuple[str, str]], at: dt.datetime, timeout: int = 30) -> None:
+        self.states = {c: IdleState(timeout, at, 1, 0, 0, "discord") for c in convs}
+        self.pushed: list[ev.Event] = []
+        self.reads = 0
+
+    def read(self, convs: object) -> dict[tuple[str, str], IdleState]:
+        self.reads += 1
+        return {c: self.states[c] for c in convs}  # type: ignore[attr-defined]
+
+    def push(self, events: list[ev.Event]) -> None:
+        self.pushed += events
+        for e in events:
+            if isinstance(e, ev.ContextCleared):
+                conv = (e.agent, e.channel)
+                self.states[conv] = dataclasses.replace(self.states[conv], cleared_seq=3)
+
+
+def test_a_storm_going_idle_in_one_second_is_one_job_then_parts_the_workers_share(
+    timers: Timers,
+) -> None:
+    """10,000 conversations idle in the same second were 10,000 delayed jobs: RQ's
+    scheduler moves 1,000 a pass and the last save came a minute late."""
+    convs = [(A, f"c{i}") for i in range(2 * tm.PART + 7)]
+    due = T0 + dt.timedelta(seconds=30)
+    arms = [(a, c, due + dt.timedelta(milliseconds=1 + i % 900)) for i, (a, c) in enumerate(convs)]
+    assert timers.arm_many(arms, T0) == 1  # one bucket: the second after the deadlines
+    [bucket_job] = scheduled(timers)
+    job = Job.fetch(bucket_job, connection=timers.redis)
+    assert job.func_name == "contextlog.worker.jobs.idle_due"
+    assert job.args == (tm.bucket_key(tm.bucket_second(tm.ms(due)) + 1),)
+
+    taken = timers.take(job.args[0], bucket_job)
+    assert sorted(taken) == sorted(convs)
+    assert timers.take(job.args[0], bucket_job) == []  # a redelivered bucket job: nothing
+    parts = timers.hand_out(bucket_job, taken)
+    assert len(parts) == 3
+    queued = timers.queue.get_job_ids()
+    assert queued == parts  # queued at once, for any worker
+
+    many, later = Many(convs, T0), T0 + dt.timedelta(seconds=31)
+    outcomes: dict[tuple[str, str], str] = {}
+    for part in parts:
+        part_convs = [tuple(c) for c in Job.fetch(part, connection=timers.redis).args[0]]
+        outcomes |= idle.check_many(timers, part_convs, part, many.read, many.push, later)
+    assert set(outcomes.values()) == {idle.SAVE} and len(outcomes) == len(convs)
+    assert many.reads == 3  # one Postgres read per part, not per conversation
+    saves = [e for e in many.pushed if isinstance(e, ev.SessionSaveRequested)]
+    assert sorted((e.agent, e.channel) for e in saves) == sorted(convs)  # each saved once
+    assert all(timers.read(a, c) is None for a, c in convs)
+    # The bucket's own job, had it run late, holds none of them any more.
+    assert set(
+        idle.check_many(timers, convs[:3], bucket_job, many.read, many.push, later).values()
+    ) == {"superseded"}
+
+
+def test_a_timer_armed_for_a_second_whose_job_took_its_bucket_gets_a_new_job(
+    timers: Timers,
+) -> None:
+    due = T0 + dt.timedelta(seconds=30)
+    timers.arm_many([(A, "early", due)], T0)
+    [first] = scheduled(timers)
+    bucket = tm.bucket_key(tm.bucket_second(tm.ms(due)))
+    assert timers.take(bucket, first) == [(A, "early")]
+    assert timers.arm_many([(A, "late", due)], T0) == 1  # not lost in the taken bucket
+    late = timers.read(A, "late")
+    assert late is not None and late.job != first and late.job in scheduled(timers)
+
+
+def test_a_message_while_a_part_is_checked_moves_that_conversation_to_a_later_bucket(
+    timers: Timers,
+) -> None:
+    convs = [(A, "quiet"), (A, "talking")]
+    due = T0 + dt.timedelta(seconds=30)
+    timers.arm_many([(a, c, due) for a, c in convs], T0)
+    job = timers.read(A, "quiet")
+    assert job is not None
+    many, later = Many(convs, T0), T0 + dt.timedelta(seconds=31)
+    new_due = later + dt.timedelta(seconds=30)
+
+    def push_then_a_message(events: list[ev.Event]) -> None:
+        many.push(events)
+        timers.arm_many([(A, "talking", new_due)], later)
+
+    done = idle.check_many(timers, convs, job.job, many.read, push_then_a_message, later)
+    assert done == {(A, "quiet"): idle.SAVE, (A, "talking"): idle.SAVE}
+    assert timers.read(A, "quiet") is None
+    talking = timers.read(A, "talking")
+    assert talking is not None and talking.job != job.job and talking.job in scheduled(timers)
+    assert talking.bucket == tm.bucket_key(tm.bucket_second(tm.ms(new_due)))
+
+
+def test_a_job_left_scheduled_long_after_its_time_is_dead(timers: Timers) -> None:
+    """A scheduler killed mid-pass can leave a job in the scheduled registry: the sweep
+    must re-arm its timers rather than wait for ever."""
+    timers.arm_many([(A, C, T0 + dt.timedelta(seconds=30))], T0)
+    timer = timers.read(A, C)
+    assert timer is not None
+    due = T0 + dt.timedelta(seconds=30)  # its bucket's second
+    assert timers.live([timer.job], due + dt.timedelta(seconds=tm.STUCK_S - 1)) == [True]
+    assert timers.live([timer.job], due + dt.timedelta(seconds=tm.STUCK_S + 1)) == [False]
