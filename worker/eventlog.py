@@ -3,7 +3,9 @@ schema, rows.py formats the rows, outbox.py sends what a batch asks for)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import re
 import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -19,10 +21,15 @@ from contextlog.schema.defaults import ConversationDefaults
 from contextlog.schema.errors import Conflict, Fenced, ShardBusy, StorageRefused, Unavailable
 from contextlog.schema.queries import query
 from contextlog.worker import attachments, projection
-from contextlog.worker.handlers import ARM, COMMANDS, COMPACT, Effect, handle
+from contextlog.worker.effects import Arm, Compact, Effect
+from contextlog.worker.handlers import COMMANDS, handle
 from contextlog.worker.outbox import Outbox
 from contextlog.worker.relay import Relay
-from contextlog.worker.rows import copy_line, row_of, unique
+from contextlog.worker.rows import copy_line, guard_key, insert_params, row_of, unique
+
+# The event id guard: the partitioned table's constraint and its partitions' (a unique
+# violation names the partition's), as migration 007 names them.
+EVENT_ID_GUARD: Final = re.compile(r"events(_p\d+)?_event_id_key")
 
 # Held exclusively by `contextlog rebuild`, shared by every ingest transaction.
 REBUILD_LOCK: Final = 0x72656275  # "rebu"
@@ -141,16 +148,25 @@ class PostgresEventLog:
         try:
             return self._write(shard, epoch, batch, check_stored=False)
         except psycopg.errors.UniqueViolation as e:
-            if e.diag.constraint_name != "events_event_id_key":
+            if not EVENT_ID_GUARD.fullmatch(e.diag.constraint_name or ""):
                 raise
             return self._write(shard, epoch, batch, check_stored=True)
 
     def _write(self, shard: int, epoch: int, batch: Sequence[Accepted], check_stored: bool) -> int:
         distinct = unique(batch)
-        with self.conn.transaction(), self.conn.cursor() as cur:
+        # A bot's turn is a batch of one or two messages: in pipeline mode its whole
+        # transaction is two round trips (BEGIN, checkpoint and projections; the rows
+        # and COMMIT) instead of seven, which is most of the time from post to visible.
+        small = _pipelined(distinct, check_stored)
+        with (
+            self.conn.pipeline() if small else contextlib.nullcontext(),
+            self.conn.transaction(),
+            self.conn.cursor() as cur,
+        ):
             # The checkpoint row goes first: its lock serialises two writers of a shard
-            # and the epoch check fences the older one. On the optimistic path every
-            # unique event is new, so the count goes in the same statement.
+            # and the epoch check fences the older one (its answer is read after the
+            # projections are sent: a fenced batch rolls back whole). On the optimistic
+            # path every unique event is new, so the count goes in the same statement.
             checkpoint = {
                 "shard": shard,
                 "epoch": epoch,
@@ -158,16 +174,19 @@ class PostgresEventLog:
                 "events": 0 if check_stored else len(distinct),
                 "rebuild_lock": REBUILD_LOCK,
             }
-            if cur.execute(query("advance_checkpoint"), checkpoint).fetchone() is None:
-                raise Fenced(f"shard {shard}: epoch {epoch} is older than the last writer's")
+            fence = self.conn.cursor()
+            fence.execute(query("advance_checkpoint"), checkpoint)
             fresh = distinct
             if check_stored:
+                _check_fence(fence, shard, epoch)
                 fresh = self._not_stored(cur, distinct)
                 cur.execute(
                     "UPDATE shard_checkpoints SET events = events + %s WHERE shard = %s",
                     (len(fresh), shard),
                 )
-            effects = self._insert(cur, fresh) if fresh else []
+            effects = self._insert(cur, fresh, small) if fresh else []
+            if not check_stored:
+                _check_fence(fence, shard, epoch)
             if any(a.blobs for a in fresh):
                 attachments.insert(cur, fresh)
             ids = self.outbox.keep(cur, effects)
@@ -180,13 +199,20 @@ class PostgresEventLog:
 
     def _not_stored(self, cur: psycopg.Cursor[TupleRow], batch: list[Accepted]) -> list[Accepted]:
         """The events of `batch` not yet in the log (after a redelivery)."""
-        ids = [a.event.event_id for a in batch]
-        stored = {r[0] for r in cur.execute(query("existing_event_ids"), {"ids": ids})}
-        return [a for a in batch if a.event.event_id not in stored]
+        keys = {
+            "ids": [a.event.event_id for a in batch],
+            "agents": [a.event.agent for a in batch],
+            "channels": [a.event.channel for a in batch],
+        }
+        stored = {tuple(r) for r in cur.execute(query("existing_event_ids"), keys)}
+        return [a for a in batch if guard_key(a.event) not in stored]
 
-    def _insert(self, cur: psycopg.Cursor[TupleRow], fresh: list[Accepted]) -> list[Effect]:
-        """Per round: fold the projections (reserving sequence numbers), COPY the rows,
-        then apply the commands that end the round."""
+    def _insert(
+        self, cur: psycopg.Cursor[TupleRow], fresh: list[Accepted], small: bool = False
+    ) -> list[Effect]:
+        """Per round: fold the projections (reserving sequence numbers), write the rows
+        (COPY; a small batch an INSERT that waits in the pipeline for the COMMIT), then
+        apply the commands that end the round."""
         effects: list[Effect] = []
         compact: set[tuple[str, str]] = set()
         deadlines: dict[tuple[str, str], dt.datetime] = {}
@@ -207,26 +233,44 @@ class PostgresEventLog:
                     # last activity near year 9999, and the sum must not overflow.
                     deadlines[key] = min(activity, codec.LATEST) + dt.timedelta(seconds=timeout)
             next_seq = {k: base + 1 for k, base in applied.bases.items()}
-            lines, commands = [], []
-            for a, row in zip(segment, rows, strict=True):
+            seqs = []
+            for row in rows:
                 key = (row.agent, row.channel)
-                seq = next_seq[key]
-                next_seq[key] = seq + 1
-                lines.append(copy_line(a, seq, row.tokens))
-                if row.kind in COMMANDS:
-                    commands.append((a.event, seq))
+                seqs.append(next_seq[key])
+                next_seq[key] += 1
+            if small:  # no commands, one round
+                cur.execute(query("insert_events"), insert_params(segment, rows, seqs))
+                continue
+            numbered = list(zip(segment, rows, seqs, strict=True))
+            lines = [copy_line(a, seq, row.tokens) for a, row, seq in numbered]
+            commands = [(a.event, seq) for a, row, seq in numbered if row.kind in COMMANDS]
             # One write of preformatted text: psycopg's per-row adaptation was a third
             # of ingest's CPU time.
             with cur.copy(query("copy_events")) as copy:
                 copy.write(b"".join(lines))
             for event, seq in commands:
                 effects += handle(cur, event, seq, self.defaults)
-        effects += [Effect(COMPACT, {"agent": a, "channel": c}) for a, c in sorted(compact)]
-        effects += [
-            Effect(ARM, {"agent": a, "channel": c, "due": due})
-            for (a, c), due in sorted(deadlines.items())
-        ]
+        effects += [Compact(a, c) for a, c in sorted(compact)]
+        effects += [Arm(a, c, due) for (a, c), due in sorted(deadlines.items())]
         return effects
+
+
+# A batch this small, of messages only (no commands, attachments or redelivery), is
+# written in pipeline mode; a larger one is COPYed (which pipeline mode cannot carry).
+PIPELINED_MAX: Final = 64
+
+
+def _pipelined(batch: Sequence[Accepted], check_stored: bool) -> bool:
+    return (
+        not check_stored
+        and len(batch) <= PIPELINED_MAX
+        and not any(a.blobs or ev.kind_of(a.event) in COMMANDS for a in batch)
+    )
+
+
+def _check_fence(fence: psycopg.Cursor[TupleRow], shard: int, epoch: int) -> None:
+    if fence.fetchone() is None:
+        raise Fenced(f"shard {shard}: epoch {epoch} is older than the last writer's")
 
 
 class MemoryEventLog:
@@ -234,7 +278,7 @@ class MemoryEventLog:
 
     def __init__(self) -> None:
         self.rows: list[tuple[int, Accepted]] = []  # (seq, accepted) in commit order
-        self.ids: set[uuid.UUID] = set()
+        self.ids: set[tuple[uuid.UUID, str, str]] = set()  # `guard_key`s
         self.last_seq: Counter[tuple[str, str]] = Counter()
         self.checkpoints: dict[int, tuple[int, str]] = {}  # shard -> (epoch, last entry id)
         self.refuse: set[uuid.UUID] = set()  # event ids to refuse, as a database might
@@ -246,10 +290,10 @@ class MemoryEventLog:
             raise Fenced(f"shard {shard}: epoch {epoch} is older than the last writer's")
         if any(a.event.event_id in self.refuse for a in batch):
             raise StorageRefused("refused by the fake")
-        fresh = [a for a in unique(batch) if a.event.event_id not in self.ids]
+        fresh = [a for a in unique(batch) if guard_key(a.event) not in self.ids]
         for a in fresh:
             self.attachments.update(a.blobs)
-            self.ids.add(a.event.event_id)
+            self.ids.add(guard_key(a.event))
             key = (a.event.agent, a.event.channel)
             self.last_seq[key] += 1
             self.rows.append((self.last_seq[key], a))

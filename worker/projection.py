@@ -18,6 +18,7 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from contextlog.schema.queries import query
+from contextlog.worker.sessions import COMPACT_AT
 
 MESSAGE = "message.v1"
 CLEAR = "clear.v1"
@@ -116,10 +117,12 @@ def apply(
     """Write the changes (sequence numbers reserved) and find windows to compact.
 
     Conversations are written in sorted order, a fixed lock order, so two writers
-    cannot deadlock.
+    cannot deadlock. Both statements are sent before either answer is read, so on a
+    connection in pipeline mode they travel together with whatever was queued before.
     """
     keys = sorted(convs)
-    rows = cur.execute(
+    conversations = cur.connection.cursor()
+    conversations.execute(
         query("advance_conversations"),
         {
             "rows": msgspec.json.encode(
@@ -140,13 +143,15 @@ def apply(
                 ]
             ).decode()
         },
-    ).fetchall()
-    to_compact: list[Conv] = []
+    )
+    compacting = None
     if threads:
-        cur.execute(
+        compacting = cur.connection.cursor()
+        compacting.execute(
             query("advance_threads"),
             {
                 "default_budget": default_budget,
+                "compact_at": COMPACT_AT,
                 "rows": msgspec.json.encode(
                     [
                         {
@@ -163,7 +168,8 @@ def apply(
                 ).decode(),
             },
         )
-        to_compact = [(r[0], r[1]) for r in cur.fetchall()]
+    rows = conversations.fetchall()
+    to_compact = [] if compacting is None else [(r[0], r[1]) for r in compacting.fetchall()]
     bases = {(r[0], r[1]): int(r[2]) - convs[(r[0], r[1])].count for r in rows}
     # A conversation with new messages, or whose idle timeout changed, (re)arms its timer:
     # `/context settings idle=5s` takes effect now, not at the next message.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from contextlog.producers.context import estimate_tokens
 from contextlog.schema import blocks
@@ -45,13 +45,36 @@ def copy_line(a: Accepted, seq: int, tokens: int) -> bytes:
     )
 
 
+def insert_params(
+    batch: Sequence[Accepted], rows: Sequence[projection.Row], seqs: Sequence[int]
+) -> dict[str, list[Any]]:
+    """The `insert_events` parameters: the rows `copy_line` would write, as columns."""
+    return {
+        "ids": [a.event.event_id for a in batch],
+        "agents": [r.agent for r in rows],
+        "channels": [r.channel for r in rows],
+        "threads": [r.thread for r in rows],
+        "seqs": list(seqs),
+        "kinds": [r.kind for r in rows],
+        "times": [a.event.occurred_at for a in batch],
+        "tokens": [r.tokens for r in rows],
+        "payloads": [a.payload.decode() for a in batch],
+    }
+
+
+def guard_key(event: ev.AnyEvent) -> tuple[uuid.UUID, str, str]:
+    """What makes an event the same event: its id within its conversation (the key of
+    the `events_event_id_key` guard, which must hold the partition key, 007)."""
+    return (event.event_id, event.agent, event.channel)
+
+
 def unique(batch: Sequence[Accepted]) -> list[Accepted]:
     """The batch without events repeated within it, first occurrence kept, in order."""
-    seen: set[uuid.UUID] = set()
+    seen: set[tuple[uuid.UUID, str, str]] = set()
     out = []
     for a in batch:
-        if a.event.event_id not in seen:
-            seen.add(a.event.event_id)
+        if (key := guard_key(a.event)) not in seen:
+            seen.add(key)
             out.append(a)
     return out
 

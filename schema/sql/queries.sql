@@ -1,7 +1,11 @@
 -- Named queries, loaded once by schema.queries. Each starts with a `-- name: NAME` line.
 
 -- name: existing_event_ids
-SELECT event_id FROM events WHERE event_id = ANY(%(ids)s::uuid[]);
+-- By (event_id, conversation), the key of the event id guard: each probe prunes to the
+-- conversation's partition (007).
+SELECT e.event_id, e.agent, e.channel
+FROM unnest(%(ids)s::uuid[], %(agents)s::text[], %(channels)s::text[]) AS x(event_id, agent, channel)
+JOIN events e USING (event_id, agent, channel);
 
 -- name: advance_checkpoint
 -- Fencing: a writer whose lease epoch is older than the last committed one is refused
@@ -73,11 +77,18 @@ WITH up AS (
     RETURNING agent, channel, window_tokens
 )
 SELECT DISTINCT up.agent, up.channel FROM up JOIN conversations c USING (agent, channel)
-WHERE up.window_tokens * 4 > coalesce(c.token_budget, %(default_budget)s) * 3;
+WHERE up.window_tokens > coalesce(c.token_budget, %(default_budget)s) * %(compact_at)s;
 
 -- name: copy_events
 COPY events (event_id, agent, channel, thread, seq, kind, occurred_at, tokens, payload)
 FROM STDIN;
+
+-- name: insert_events
+-- The same rows as `copy_events`, for a batch small enough to ride a pipeline.
+INSERT INTO events (event_id, agent, channel, thread, seq, kind, occurred_at, tokens, payload)
+SELECT * FROM unnest(%(ids)s::uuid[], %(agents)s::text[], %(channels)s::text[],
+                     %(threads)s::text[], %(seqs)s::bigint[], %(kinds)s::text[],
+                     %(times)s::timestamptz[], %(tokens)s::integer[], %(payloads)s::jsonb[]);
 
 -- name: checkpoints
 SELECT shard, epoch, last_entry_id, events, updated_at FROM shard_checkpoints ORDER BY shard;
@@ -179,7 +190,9 @@ SELECT t.thread, t.message_count, t.last_activity_at FROM c JOIN threads t
 ORDER BY t.last_activity_at DESC LIMIT 20;
 
 -- name: event_visible
-SELECT 1 FROM events WHERE event_id = %(event_id)s;
+-- With the conversation: the guard's key, one partition (007).
+SELECT 1 FROM events
+WHERE event_id = %(event_id)s AND agent = %(agent)s AND channel = %(channel)s;
 
 -- name: listen_commits
 -- A reader's `wait_for`: woken by every ingest commit (see advance_checkpoint).
@@ -201,4 +214,4 @@ SELECT t.thread, t.compaction_summary, c.cleared_seq,
        coalesce(c.token_budget, %(default_budget)s)
 FROM conversations c JOIN threads t ON t.agent = c.agent AND t.channel = c.channel
 WHERE c.agent = %(agent)s AND c.channel = %(channel)s
-  AND t.window_tokens * 4 > coalesce(c.token_budget, %(default_budget)s) * 3;
+  AND t.window_tokens > coalesce(c.token_budget, %(default_budget)s) * %(compact_at)s;

@@ -217,3 +217,85 @@ def test_a_log_holding_a_year_9999_activity_still_takes_messages(db: str) -> Non
     assert log.append(0, 1, [Accepted("2-0", configure, codec.encode(configure))]) == 1
     assert log.append(0, 1, [accepted(text="after", entry="3-0")]) == 1
     log.close()
+
+
+def test_a_pipelined_small_batch_stores_what_a_copied_large_one_does(db: str) -> None:
+    """A batch of a few messages is INSERTed in pipeline mode (two round trips), a large
+    one COPYed: same rows, sequence numbers, token counts and projections."""
+    from contextlog.worker.eventlog import PIPELINED_MAX
+
+    texts = [f"message {i} with\ttab, 'quote', \\ backslash and ünïcode" for i in range(3)]
+    small = [accepted("small", t, f"{i + 1}-0") for i, t in enumerate(texts)]
+    filler = [accepted("filler", "x", f"9-{i}") for i in range(PIPELINED_MAX)]
+    large = [accepted("large", t, f"{i + 10}-0") for i, t in enumerate(texts)] + filler
+    log = PostgresEventLog(psycopg.connect(db))
+    try:
+        assert log.append(0, 1, small) == 3
+        assert log.append(1, 1, large) == 3 + PIPELINED_MAX
+        assert log.append(0, 1, small[:1]) == 0  # a redelivery: absorbed, not doubled
+    finally:
+        log.close()
+    with psycopg.connect(db) as conn:
+        rows = conn.execute(
+            "SELECT channel, seq, thread, kind, occurred_at, tokens, payload->'content'"
+            " FROM events WHERE channel IN ('small', 'large') ORDER BY channel DESC, seq"
+        ).fetchall()
+        convs = conn.execute(
+            "SELECT channel, last_seq, last_message_seq, last_activity_at FROM conversations"
+            " WHERE channel IN ('small', 'large') ORDER BY channel DESC"
+        ).fetchall()
+        threads = conn.execute(
+            "SELECT channel, message_count, window_tokens FROM threads"
+            " WHERE channel IN ('small', 'large') ORDER BY channel DESC"
+        ).fetchall()
+    by = {"small": [r[1:] for r in rows if r[0] == "small"]}
+    by["large"] = [r[1:] for r in rows if r[0] == "large"]
+    assert by["small"] == by["large"] and len(by["small"]) == 3
+    assert [r[-1] for r in by["small"]] == texts
+    assert convs[0][1:] == convs[1][1:] == (3, 3, T0)
+    assert threads[0][1:] == threads[1][1:]
+
+
+def test_an_event_id_is_unique_within_its_conversation(
+    backend: tuple[EventLog, str | None],
+) -> None:
+    """The guard's key is (event id, conversation) since the log is partitioned by
+    conversation (007): a redelivery carries its conversation and is absorbed, while
+    the same id in another conversation (a platform message id unique only per chat,
+    derived into an event id) is another event, stored there."""
+    log, url = backend
+    shared = uuid7()
+    assert log.append(0, 1, [accepted("a", "in a", event_id=shared)]) == 1
+    assert log.append(0, 1, [accepted("b", "in b", event_id=shared)]) == 1
+    batch = [accepted("a", "again", event_id=shared), accepted("b", "b2")]
+    assert log.append(0, 1, batch) == 1  # a redelivery to a, and a new event in b
+    assert seqs(log, url) == [("a", 1, "in a"), ("b", 1, "in b"), ("b", 2, "b2")]
+
+
+def test_the_compaction_threshold_in_sql_is_the_one_in_python(db: str) -> None:
+    """`advance_threads` (ingest's trigger) and `sessions.over_threshold` (the job's
+    check) read one constant: a window at exactly the threshold does not compact, one
+    token more does, in both."""
+    from contextlog.worker import projection, sessions
+
+    budget = 1000
+    at = int(sessions.COMPACT_AT * budget)
+    with psycopg.connect(db) as conn, conn.cursor() as cur:
+        for channel, tokens in (("at", at), ("over", at + 1)):
+            rows = [
+                projection.Row(
+                    "alpha",
+                    channel,
+                    "",
+                    projection.CONFIGURE,
+                    T0,
+                    {"token_budget": budget},
+                    0,
+                    None,
+                ),
+                projection.Row("alpha", channel, "", projection.MESSAGE, T0, None, tokens, None),
+            ]
+            convs, threads = projection.fold(rows)
+            applied = projection.apply(cur, convs, threads, default_budget=budget)
+            compacts = applied.to_compact == [("alpha", channel)]
+            assert compacts == sessions.over_threshold(tokens, budget) == (channel == "over")
