@@ -441,6 +441,7 @@ class Config:
     discord_token: str
     redis_url: str = "redis://127.0.0.1:6379/0"
     database_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
+    replica_url: str | None = None  # a streaming replica for context reads
     agent: str = "assistant"
     guild_id: int | None = None
     anthropic_api_key: str | None = None
@@ -448,8 +449,8 @@ class Config:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Config:
-        """DISCORD_TOKEN (required), REDIS_URL, DATABASE_URL, CONTEXTLOG_AGENT,
-        DISCORD_GUILD_ID, ANTHROPIC_API_KEY, ANTHROPIC_MODEL."""
+        """DISCORD_TOKEN (required), REDIS_URL, DATABASE_URL, CONTEXTLOG_REPLICA_URL,
+        CONTEXTLOG_AGENT, DISCORD_GUILD_ID, ANTHROPIC_API_KEY, ANTHROPIC_MODEL."""
         token = env.get("DISCORD_TOKEN", "").strip()
         if not token:
             raise ConfigError("DISCORD_TOKEN is not set: give the bot token of your app")
@@ -460,6 +461,7 @@ class Config:
             discord_token=token,
             redis_url=env.get("REDIS_URL") or cls.redis_url,
             database_url=env.get("DATABASE_URL") or cls.database_url,
+            replica_url=env.get("CONTEXTLOG_REPLICA_URL") or None,
             agent=env.get("CONTEXTLOG_AGENT") or cls.agent,
             guild_id=int(guild) if guild else None,
             anthropic_api_key=env.get("ANTHROPIC_API_KEY") or None,
@@ -479,7 +481,7 @@ def model_for(config: Config) -> Reply:
 async def run(config: Config) -> None:
     """Run the bot until it is stopped; every connection is closed on the way out."""
     producer = AsyncProducer.from_url(config.redis_url)
-    reader = AsyncContextReader.from_url(config.database_url)
+    reader = AsyncContextReader.from_url(config.database_url, replica_url=config.replica_url)
     notes = AsyncNotifications.from_url(config.redis_url, SOURCE, group=f"discord-{config.agent}")
     bot = ContextBot(producer, reader, agent=config.agent, reply=model_for(config))
     client = DiscordClient(bot, notes, guild_id=config.guild_id)  # closes `notes` with it

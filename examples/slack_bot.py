@@ -363,6 +363,7 @@ class Config:
     port: int = 3000
     redis_url: str = "redis://127.0.0.1:6379/0"
     database_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
+    replica_url: str | None = None  # a streaming replica for context reads
     agent: str = "assistant"
     anthropic_api_key: str | None = None
     model: str = "claude-haiku-4-5"
@@ -370,7 +371,8 @@ class Config:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Config:
         """SLACK_BOT_TOKEN, and SLACK_APP_TOKEN or SLACK_SIGNING_SECRET (+ PORT); REDIS_URL,
-        DATABASE_URL, CONTEXTLOG_AGENT, ANTHROPIC_API_KEY, ANTHROPIC_MODEL."""
+        DATABASE_URL, CONTEXTLOG_REPLICA_URL, CONTEXTLOG_AGENT, ANTHROPIC_API_KEY,
+        ANTHROPIC_MODEL."""
         token = env.get("SLACK_BOT_TOKEN", "").strip()
         if not token:
             raise ConfigError("SLACK_BOT_TOKEN is not set: give the bot token (xoxb-...)")
@@ -390,6 +392,7 @@ class Config:
             port=int(port),
             redis_url=env.get("REDIS_URL") or cls.redis_url,
             database_url=env.get("DATABASE_URL") or cls.database_url,
+            replica_url=env.get("CONTEXTLOG_REPLICA_URL") or None,
             agent=env.get("CONTEXTLOG_AGENT") or cls.agent,
             anthropic_api_key=env.get("ANTHROPIC_API_KEY") or None,
             model=env.get("ANTHROPIC_MODEL") or cls.model,
@@ -425,7 +428,7 @@ async def serve(app: AsyncApp, config: Config) -> None:
 async def run(config: Config) -> None:
     """Run the bot until it is stopped; every connection is closed on the way out."""
     producer = AsyncProducer.from_url(config.redis_url)
-    reader = AsyncContextReader.from_url(config.database_url)
+    reader = AsyncContextReader.from_url(config.database_url, replica_url=config.replica_url)
     notes = AsyncNotifications.from_url(config.redis_url, SOURCE, group=f"slack-{config.agent}")
     bot = SlackContextBot(producer, reader, agent=config.agent, reply=model_for(config))
     app = build_app(bot, token=config.bot_token, signing_secret=config.signing_secret)

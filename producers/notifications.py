@@ -22,8 +22,8 @@ from contextlib import contextmanager
 from typing import Any, Final
 
 import redis
-import redis.asyncio as aioredis
 
+from contextlog.producers import connection
 from contextlog.schema import keys
 from contextlog.schema.errors import EventRejected, Unavailable
 from contextlog.schema.notices import ENTRY_FIELD, MALFORMED, Notice, decode
@@ -135,7 +135,7 @@ class Notifications(_Core):
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: connection.SyncClient,
         source: str,
         *,
         group: str = DEFAULT_GROUP,
@@ -154,8 +154,9 @@ class Notifications(_Core):
         group: str = DEFAULT_GROUP,
         consumer: str | None = None,
     ) -> Notifications:
-        """A consumer on the Redis at `redis_url` (its database number is honoured)."""
-        return cls(redis.Redis.from_url(redis_url), source, group=group, consumer=consumer)
+        """A consumer on the Redis (or Redis Cluster: `redis+cluster://`) at `redis_url`,
+        its database number honoured."""
+        return cls(connection.connect(redis_url), source, group=group, consumer=consumer)
 
     def read(
         self, count: int = DEFAULT_COUNT, block_ms: int | None = DEFAULT_BLOCK_MS
@@ -234,7 +235,7 @@ class AsyncNotifications(_Core):
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: connection.AsyncClient,
         source: str,
         *,
         group: str = DEFAULT_GROUP,
@@ -252,8 +253,9 @@ class AsyncNotifications(_Core):
         group: str = DEFAULT_GROUP,
         consumer: str | None = None,
     ) -> AsyncNotifications:
-        """A consumer on the Redis at `redis_url` (its database number is honoured)."""
-        return cls(aioredis.Redis.from_url(redis_url), source, group=group, consumer=consumer)
+        """A consumer on the Redis (or Redis Cluster: `redis+cluster://`) at `redis_url`,
+        its database number honoured."""
+        return cls(connection.connect_async(redis_url), source, group=group, consumer=consumer)
 
     async def read(
         self, count: int = DEFAULT_COUNT, block_ms: int | None = DEFAULT_BLOCK_MS

@@ -9,8 +9,8 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import redis
-import redis.asyncio as aioredis
 
+from contextlog.producers import connection
 from contextlog.producers.commands import Batch, Commands, Encoder, Prepared, utcnow
 from contextlog.schema import attachments, codec, keys
 from contextlog.schema import events as ev
@@ -23,6 +23,18 @@ def _check_shards(configured: bytes | str | None, shards: int) -> None:
         raise ConfigError(
             f"{keys.SHARDS_VAR} is {shards} here but ingest runs with {int(configured)}: "
             f"set {keys.SHARDS_VAR}={int(configured)} for this producer"
+        )
+
+
+def _one_shard(prepared: list[Prepared]) -> None:
+    """Refuse an atomic send over several shards on a Redis Cluster: their streams are in
+    different hash slots, which no MULTI can span. Splitting it quietly would break the
+    all-or-none promise, so the caller decides (one `push_many` per conversation)."""
+    streams = sorted({p.stream for p in prepared})
+    if len(streams) > 1:
+        raise ValueError(
+            f"push_many(atomic=True) on a Redis Cluster needs events of one shard, these "
+            f"go to {', '.join(streams)}: send each conversation's events in its own call"
         )
 
 
@@ -68,21 +80,23 @@ class _Base:
 class Producer(_Base, Commands[str]):
     """Synchronous producer: every call is one XADD and returns the event id."""
 
-    def __init__(self, client: redis.Redis, **kwargs: Any) -> None:
+    def __init__(self, client: connection.SyncClient, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.redis = client
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> Producer:
-        """A producer on the Redis at `url` (the database number in the URL is honoured)."""
-        return cls(redis.Redis.from_url(url), **kwargs)
+        """A producer on the Redis at `url` (the database number in the URL is honoured),
+        or on the Redis Cluster of a `redis+cluster://` URL."""
+        return cls(connection.connect(url), **kwargs)
 
     def _send(self, event: ev.Event) -> str:
         return self.send_prepared([self.encoder.prepare(event)])[0]
 
     def push_many(self, events: Iterable[ev.Event], *, atomic: bool = False) -> list[str]:
         """Send many events in one pipeline; returns their ids in order. `atomic`: all or
-        none are added (MULTI; the events must share one shard, as one conversation's do)."""
+        none are added (MULTI; the events must share one shard, as one conversation's do:
+        a Redis Cluster refuses a MULTI over several, and so does this method there)."""
         return self.send_prepared([self.encoder.prepare(e) for e in events], atomic=atomic)
 
     @contextmanager
@@ -94,6 +108,8 @@ class Producer(_Base, Commands[str]):
 
     def send_prepared(self, prepared: list[Prepared], *, atomic: bool = False) -> list[str]:
         """XADD already-checked entries in one round trip."""
+        if atomic and connection.is_cluster(self.redis):
+            _one_shard(prepared)
         try:
             if not self._shards_checked:
                 _check_shards(self.redis.get(keys.SHARDS_KEY), self.encoder.shards)
@@ -113,14 +129,14 @@ class Producer(_Base, Commands[str]):
 class AsyncProducer(_Base, Commands[Any]):
     """asyncio producer (discord.py, slack-bolt): `await p.post_message(...)`."""
 
-    def __init__(self, client: aioredis.Redis, **kwargs: Any) -> None:
+    def __init__(self, client: connection.AsyncClient, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.redis = client
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> AsyncProducer:
-        """An async producer on the Redis at `url`."""
-        return cls(aioredis.Redis.from_url(url), **kwargs)
+        """An async producer on the Redis (or `redis+cluster://` Redis Cluster) at `url`."""
+        return cls(connection.connect_async(url), **kwargs)
 
     async def _send(self, event: ev.Event) -> str:
         return (await self.send_prepared([self.encoder.prepare(event)]))[0]

@@ -16,8 +16,11 @@ DEFAULT_SHARDS: Final = 4
 MAX_SHARDS: Final = 1024
 SHARDS_VAR: Final = "CONTEXTLOG_SHARDS"
 
-DEAD_LETTERS: Final = "contextlog:dead"
-STATS: Final = "contextlog:stats"
+# Dead letters and their counts per reason live per shard (`dead_letters`, `stats`);
+# these single keys are where versions before Redis Cluster support kept them: readers
+# still count them.
+LEGACY_DEAD_LETTERS: Final = "contextlog:dead"
+LEGACY_STATS: Final = "contextlog:stats"
 SHARDS_KEY: Final = "contextlog:shards"
 MEMBERS: Final = "contextlog:ingest:members"
 RUNS: Final = "contextlog:ingest:runs"  # start and crash notes of ingest consumers
@@ -27,6 +30,17 @@ INGEST_GROUP: Final = "ingest"
 def stream(shard: int) -> str:
     """The inbound stream of one shard."""
     return f"contextlog:in:{{{shard}}}"
+
+
+def dead_letters(shard: int) -> str:
+    """The dead-letter stream of one shard: in its stream's slot, so an entry moves there
+    and is acknowledged in one MULTI, on a Redis Cluster too."""
+    return f"contextlog:dead:{{{shard}}}"
+
+
+def stats(shard: int) -> str:
+    """Counters of one shard (`dead:<reason>`), updated in the same MULTI."""
+    return f"contextlog:stats:{{{shard}}}"
 
 
 def lease(shard: int) -> str:

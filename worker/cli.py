@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -19,9 +21,17 @@ from rich.table import Table
 from rich.text import Text
 
 from contextlog.producers.commands import parse_duration
-from contextlog.schema import codec, keys
+from contextlog.schema import codec
 from contextlog.schema.errors import ContextlogError, EventRejected, Unavailable
-from contextlog.worker import bootstrap, cli_common, cli_sessions, logs, metrics
+from contextlog.worker import (
+    bootstrap,
+    cli_common,
+    cli_sessions,
+    deadletters,
+    logs,
+    metrics,
+    retention,
+)
 from contextlog.worker.cli_common import (
     EXIT_ERROR,
     EXIT_UNAVAILABLE,
@@ -65,7 +75,8 @@ def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     """Print per-shard lag, pending work, dead letters and events stored."""
     client = cli_common.redis_client(settings)
     with cli_common.pg_connect(settings) as conn:
-        status = gather(client, conn, settings.shards, SystemClock().now())
+        queue = cli_common.queue_client(settings)
+        status = gather(client, conn, settings.shards, SystemClock().now(), queue)
     if args.json:
         print(msgspec.json.encode(status).decode())
     else:
@@ -181,12 +192,13 @@ def _blocks(text: str) -> Any:
 def cmd_dead_letters(settings: Settings, args: argparse.Namespace) -> int:
     """List dead letters, newest first, with their reasons."""
     client: Any = cli_common.redis_client(settings)  # replies are bytes
-    rows = client.xrevrange(keys.DEAD_LETTERS, count=args.limit)
+    rows = deadletters.newest(client, settings.shards, args.limit)
     items = [_dead_letter(entry_id, fields) for entry_id, fields in rows]
     if args.json:
         print(json.dumps(items, indent=2))
         return 0
-    table = Table(title=f"dead letters ({client.xlen(keys.DEAD_LETTERS)} in all)")
+    total = deadletters.count(client, settings.shards)
+    table = Table(title=f"dead letters ({total} in all)")
     for col in ("id", "reason", "detail", "from", "original"):
         table.add_column(col, overflow="fold")
     for item in items:
@@ -201,11 +213,11 @@ def cmd_dead_letters(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _dead_letter(entry_id: bytes, fields: dict[bytes, bytes]) -> dict[str, Any]:
+def _dead_letter(entry_id: str, fields: dict[bytes, bytes]) -> dict[str, Any]:
     text = {k.decode(): v.decode("utf-8", "replace") for k, v in fields.items()}
     original = {k.removeprefix("orig:"): v for k, v in text.items() if k.startswith("orig:")}
     return {
-        "id": entry_id.decode(),
+        "id": entry_id,
         "reason": text.get("reason", ""),
         "detail": text.get("detail", ""),
         "stream": text.get("stream", ""),
@@ -271,6 +283,30 @@ def cmd_rebuild(settings: Settings, args: argparse.Namespace) -> int:
             defaults=settings.conversation,
         )
     console.print(f"rebuilt conversations and threads from {done} events")
+    return 0
+
+
+def cmd_retire(settings: Settings, args: argparse.Namespace) -> int:
+    """Archive and drop silent conversations, or put an archive back (then rebuild)."""
+    with cli_common.pg_connect(settings) as conn:
+        migrate(conn)
+        if args.restore is not None:
+            n = retention.restore(conn, Path(args.restore))
+            console.print(f"restored {n} events from {args.restore}; rebuilding the projections")
+            return cmd_rebuild(settings, args)
+        if args.idle_for is None or args.archive is None:
+            return _fail(EXIT_ERROR, "retire: give --idle-for and --archive (or --restore FILE)")
+        done = retention.retire(
+            conn,
+            Path(args.archive),
+            now=SystemClock().now(),
+            idle_for=dt.timedelta(seconds=args.idle_for),
+            limit=args.limit,
+        )
+    for agent, channel in done.referenced:
+        console.print(f"kept {agent}/{channel}: a live session references its events")
+    where = f" into {done.archive}" if done.conversations else ""
+    console.print(f"retired {len(done.conversations)} conversations, {done.events} events{where}")
     return 0
 
 
@@ -343,6 +379,11 @@ def parser() -> argparse.ArgumentParser:
     ctx.add_argument("--json", action="store_true")
     sub.add_parser("rebuild", help="rebuild the projections by replaying the log")
     sub.add_parser("demo", help="run a short scripted conversation end to end")
+    ret = sub.add_parser("retire", help="archive, then drop, conversations silent for long")
+    ret.add_argument("--idle-for", type=_duration, help="silent for at least (e.g. 90d)")
+    ret.add_argument("--archive", help="directory the archive file is written to")
+    ret.add_argument("--limit", type=positive, default=1000, help="conversations per run")
+    ret.add_argument("--restore", metavar="FILE", help="put an archive back, then rebuild")
     cli_sessions.add_parsers(sub)
     return p
 
@@ -356,6 +397,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "demo": cmd_demo,
     "context": cmd_context,
     "rebuild": cmd_rebuild,
+    "retire": cmd_retire,
     **cli_sessions.COMMANDS,
 }
 

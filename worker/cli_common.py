@@ -11,7 +11,8 @@ import redis
 from psycopg.rows import TupleRow
 from rich.console import Console
 
-from contextlog.producers import ContextReader, Producer
+from contextlog.producers import ContextReader, Producer, connection
+from contextlog.producers.connection import SyncClient
 from contextlog.schema.errors import Unavailable
 from contextlog.worker.config import Settings
 
@@ -60,10 +61,18 @@ def _whole(text: str, least: int) -> int:
     return value
 
 
-def redis_client(settings: Settings) -> redis.Redis:
-    """A Redis client for `REDIS_URL` that gives up connecting after a couple of seconds."""
-    return redis.Redis.from_url(
+def redis_client(settings: Settings) -> SyncClient:
+    """A client for `REDIS_URL` (a Redis or a Redis Cluster) that gives up connecting
+    after a couple of seconds."""
+    return connection.connect(
         settings.redis_url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=30
+    )
+
+
+def queue_client(settings: Settings) -> redis.Redis:
+    """A client for the queue Redis (`CONTEXTLOG_QUEUE_REDIS_URL`, default REDIS_URL)."""
+    return redis.Redis.from_url(
+        settings.queue_redis_url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=30
     )
 
 
@@ -88,10 +97,10 @@ def reader(settings: Settings) -> ContextReader:
     """A context reader, after checking Postgres answers: the reader's pool would retry
     for 10 s and log every attempt before giving up."""
     pg_connect(settings).close()
-    return ContextReader.from_url(settings.database_url, defaults=settings.conversation)
+    return ContextReader.from_url(settings.database_url, **settings.reader_options())
 
 
-def check_redis(client: redis.Redis) -> None:
+def check_redis(client: SyncClient) -> None:
     """Fail at once (as `Unavailable`) when Redis cannot be reached."""
     try:
         client.ping()

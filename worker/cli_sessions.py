@@ -147,12 +147,12 @@ def dashboard_argv(settings: Settings) -> list[str]:
         "--port",
         str(settings.dashboard_port),
         "--redis-url",
-        settings.redis_url,
+        settings.queue_redis_url,
     ]
 
 
 def cmd_dashboard(settings: Settings, args: argparse.Namespace) -> int:
-    """Run rq-dashboard on this deployment's Redis (queues `idle` and `summaries`)."""
+    """Run rq-dashboard on the queue Redis (queues `idle` and `summaries`)."""
     import rq_dashboard.cli  # type: ignore[import-untyped]  # no stubs
 
     if settings.dashboard_user and settings.dashboard_password:

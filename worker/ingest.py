@@ -32,7 +32,7 @@ from contextlog.worker import attachments, metrics
 from contextlog.worker.clock import Clock
 from contextlog.worker.config import Settings
 from contextlog.worker.eventlog import Accepted, EventLog
-from contextlog.worker.streams import Entry, Rejected, Streams, id_key
+from contextlog.worker.streams import REDIS_AWAY, Entry, Rejected, Streams, id_key
 
 log = structlog.get_logger("contextlog.ingest")
 
@@ -117,7 +117,7 @@ class Ingest:
         """One pass: leases, recovery, one read and its batches, trimming; survive outages."""
         try:
             self.tick()
-        except (redis.ConnectionError, redis.TimeoutError) as e:
+        except REDIS_AWAY as e:
             self._outage("redis", e)
         except Unavailable as e:
             self._close_db()

@@ -15,10 +15,12 @@ from rq.worker_registration import REDIS_WORKER_KEYS
 
 from contextlog.schema import keys
 from contextlog.schema.queries import query
-from contextlog.worker.jobs import IDLE, SUMMARIES
+from contextlog.worker import deadletters
+from contextlog.worker.jobs import SUMMARIES
 from contextlog.worker.rqworker import dead_because
 from contextlog.worker.streams import entry_time_ms, id_key, recent_failures
 from contextlog.worker.sweeper import BEAT_S, heartbeat_key, pid_namespace
+from contextlog.worker.timers import IDLE
 
 
 def _queue(client: redis.Redis, name: str, now: dt.datetime) -> QueueStatus:
@@ -98,6 +100,15 @@ def _group(client: Any, stream: str) -> dict[str, Any] | None:
         if name == keys.INGEST_GROUP:
             return dict(g)
     return None
+
+
+def _holders(r: Any, shards: int) -> list[str | None]:
+    """Each shard's lease holder: one GET per lease, pipelined (an MGET of keys in
+    different slots is refused by a Redis Cluster)."""
+    pipe = r.pipeline(transaction=False)
+    for s in range(shards):
+        pipe.get(keys.lease(s))
+    return [h.decode() if h else None for h in pipe.execute()]
 
 
 def _shard(client: Any, shard: int, owner: str | None, stored: int, now_ms: int) -> ShardStatus:
@@ -224,26 +235,29 @@ def _fields(raw: dict[Any, Any]) -> dict[str, str]:
 
 
 def gather(
-    client: redis.Redis, conn: psycopg.Connection[Any], shards: int, now: dt.datetime
+    client: Any,
+    conn: psycopg.Connection[Any],
+    shards: int,
+    now: dt.datetime,
+    queue_client: redis.Redis | None = None,
 ) -> Status:
-    """Read the status of every shard from Redis and the stored counts from Postgres."""
+    """Read the status of every shard from Redis (or Redis Cluster), the queues, timers and
+    workers from the queue Redis (`queue_client`, default: the same), and the stored
+    counts from Postgres."""
     r: Any = client  # replies are bytes: decode_responses is off
+    q: Any = queue_client if queue_client is not None else client
     stored = {int(row[0]): int(row[3]) for row in conn.execute(query("checkpoints")).fetchall()}
     conn.rollback()
-    holders = [h.decode() if h else None for h in r.mget([keys.lease(s) for s in range(shards)])]
+    holders = _holders(r, shards)
     now_ms = int(now.timestamp() * 1000)
     rows = [_shard(r, s, holders[s], stored.get(s, 0), now_ms) for s in range(shards)]
-    reasons = {
-        k.decode().removeprefix("dead:"): int(v)
-        for k, v in r.hgetall(keys.STATS).items()
-        if k.startswith(b"dead:")
-    }
+    reasons = deadletters.by_reason(r, shards)
     consumers = int(r.zcount(keys.MEMBERS, now_ms, "+inf"))
     problems = shard_problems(rows) + ingest_problems(r, now_ms)
-    queues = [_queue(client, name, now) for name in (IDLE, SUMMARIES)]
-    workers, gone = workers_alive(r, now)
+    queues = [_queue(q, name, now) for name in (IDLE, SUMMARIES)]
+    workers, gone = workers_alive(q, now)
     problems += gone
-    lock = r.get(f"rq:scheduler-lock:{IDLE}")
+    lock = q.get(f"rq:scheduler-lock:{IDLE}")
     backlog, oldest = conn.execute(query("summary_backlog")).fetchone() or (0, None)
     waiting = conn.execute(query("effects_waiting")).fetchone()
     conn.rollback()
@@ -262,7 +276,7 @@ def gather(
         healthy=not problems,
         problems=problems,
         shards=rows,
-        dead_letters=int(r.xlen(keys.DEAD_LETTERS)),
+        dead_letters=deadletters.count(r, shards),
         dead_letters_by_reason=reasons,
         events_stored=sum(stored.values()),
         ingest_consumers=consumers,

@@ -8,17 +8,30 @@ from typing import Any, Final, NamedTuple
 
 import redis
 
+from contextlog.producers import connection
 from contextlog.schema import keys
+
+# Redis cannot serve us right now, and will again: connection lost or timed out, or a
+# Redis Cluster without a master for some slot while a replica is being promoted.
+REDIS_AWAY: Final = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+)
 
 Fields = dict[bytes, bytes]
 PAGE: Final = 1000
 Entry = tuple[str, Fields]
-# Dead letters kept (approximately: MAXLEN ~): the oldest go first, counters stay exact.
+# Dead letters kept per shard (approximately: MAXLEN ~): the oldest go first, counters
+# stay exact.
 DEAD_LETTER_CAP: Final = 100_000
 # A dead letter keeps its original fields whole when they fit in this many bytes (so it
 # can be replayed); an oversized entry keeps the first ORIG_PREFIX bytes of each field.
 ORIG_WHOLE_BYTES: Final = 256 * 1024
 ORIG_PREFIX: Final = 4096
+# On a Redis Cluster, how long an idle read blocks on one shard (`_read_per_shard`).
+CLUSTER_BLOCK_MS: Final = 50
 RUNS_KEPT_MS: Final = 3_600_000  # ingest start and crash records kept for an hour
 
 # Take or re-take a lease. A holder re-taking its own lease (a restarted process with a
@@ -71,14 +84,15 @@ def _decode_entries(raw: Iterable[Any]) -> list[Entry]:
 class Streams:
     """Shard streams of one Redis, seen by one ingest consumer."""
 
-    def __init__(self, client: redis.Redis, consumer: str) -> None:
+    def __init__(self, client: connection.SyncClient, consumer: str) -> None:
         # redis-py types replies as unions over every decode mode; this client returns
         # bytes (decode_responses is off), so replies are handled as such.
         self.redis: Any = client
         self.consumer = consumer
         self._start: str | None = None  # this run's start note (record_start)
+        self.cluster = connection.is_cluster(client)
+        self._turn = 0  # which shard a cluster read blocks on next (_read_per_shard)
         self._acquire = client.register_script(_ACQUIRE)
-        self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
 
     # -- leases ---------------------------------------------------------------------
@@ -103,9 +117,12 @@ class Streams:
 
     def renew(self, shards: Sequence[int], ttl_ms: int) -> list[int]:
         """Extend our leases; returns the shards whose lease we no longer hold."""
+        # A plain EVAL with the script's text: redis-py's cluster pipeline has no script
+        # support (EVALSHA and `eval()` refused), and a replica a failover promoted has no
+        # scripts loaded anyway. The script is a few dozen bytes.
         pipe = self.redis.pipeline(transaction=False)
         for shard in shards:
-            self._renew(keys=[keys.lease(shard)], args=[self.consumer, ttl_ms], client=pipe)
+            pipe.execute_command("EVAL", _RENEW, 1, keys.lease(shard), self.consumer, ttl_ms)
         return [s for s, ok in zip(shards, pipe.execute(), strict=True) if not ok]
 
     def release(self, shard: int) -> None:
@@ -137,6 +154,8 @@ class Streams:
         pipeline's commands in order, and those after a blocking read only once it
         returns, so the pending summaries are taken after our read.
         """
+        if self.cluster:
+            return self._read_per_shard(shards, count, block_ms)
         pipe = self.redis.pipeline(transaction=False)
         pipe.xreadgroup(
             keys.INGEST_GROUP,
@@ -151,6 +170,41 @@ class Streams:
         by_name = {keys.stream(s): s for s in shards}
         read = {by_name[_s(name)]: _decode_entries(items) for name, items in reply or []}
         return read, self._held_by_others(shards, summaries)
+
+    def _read_per_shard(
+        self, shards: Sequence[int], count: int, block_ms: int
+    ) -> tuple[dict[int, list[Entry]], list[int]]:
+        """`read_new_checked` on a Redis Cluster, where one XREADGROUP cannot span shards
+        (their streams sit in different hash slots). One pipeline reads every shard
+        without blocking, each read followed by its shard's pending summary (a node runs
+        its part of the pipeline in order, and a shard's two commands go to the same
+        node, so the order argument above holds per shard); the nodes are read in
+        parallel. When nothing came, a blocking read waits on one shard, a different one
+        each time, for at most CLUSTER_BLOCK_MS: new entries of the others wait that long
+        at most, and an idle ingest does not spin.
+        """
+        read, held = self._read_shards(shards, count, None)
+        if any(read.values()) or not shards:
+            return read, held
+        shard = shards[self._turn % len(shards)]
+        self._turn += 1
+        again, held_now = self._read_shards([shard], count, min(block_ms, CLUSTER_BLOCK_MS))
+        return again, sorted(set(held) | set(held_now))
+
+    def _read_shards(
+        self, shards: Sequence[int], count: int, block_ms: int | None
+    ) -> tuple[dict[int, list[Entry]], list[int]]:
+        pipe = self.redis.pipeline(transaction=False)
+        for shard in shards:
+            stream = keys.stream(shard)
+            pipe.xreadgroup(keys.INGEST_GROUP, self.consumer, {stream: ">"}, count, block_ms)
+            pipe.xpending(stream, keys.INGEST_GROUP)
+        replies = pipe.execute()
+        read = {
+            shard: _decode_entries(reply[0][1]) if reply else []
+            for shard, reply in zip(shards, replies[0::2], strict=True)
+        }
+        return read, self._held_by_others(shards, replies[1::2])
 
     def _held_by_others(self, shards: Sequence[int], summaries: Sequence[Any]) -> list[int]:
         out = []
@@ -278,16 +332,18 @@ class Streams:
             self.redis.xack(keys.stream(shard), keys.INGEST_GROUP, *entry_ids)
 
     def dead_letter(self, shard: int, rejected: Sequence[Rejected]) -> None:
-        """Move entries to `contextlog:dead` with their reason, atomically with their XACK."""
+        """Move entries to the shard's dead-letter stream with their reason, counted,
+        atomically with their XACK: every key is in the shard's slot, so the MULTI holds
+        on a Redis Cluster too, and a crash cannot leave a letter twice or uncounted."""
         pipe = self.redis.pipeline(transaction=True)
         for r in rejected:
             pipe.xadd(
-                keys.DEAD_LETTERS,
+                keys.dead_letters(shard),
                 dead_letter_fields(shard, r),
                 maxlen=DEAD_LETTER_CAP,
                 approximate=True,
             )
-            pipe.hincrby(keys.STATS, f"dead:{r.reason}", 1)
+            pipe.hincrby(keys.stats(shard), f"dead:{r.reason}", 1)
         pipe.xack(keys.stream(shard), keys.INGEST_GROUP, *[r.entry_id for r in rejected])
         pipe.execute()
 

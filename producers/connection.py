@@ -1,0 +1,79 @@
+"""Redis clients from URLs: one Redis, or a Redis Cluster named by its URL scheme.
+
+A cluster is asked for by the scheme, `redis+cluster://host:port` (`rediss+cluster://`
+with TLS): any node of the cluster will do, the client learns the others from it.
+Explicit rather than detected (CLUSTER INFO at start-up): building a client connects to
+nothing, and a deployment says in its configuration what it runs on. A cluster has
+database 0 only, so a cluster URL naming another database is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+from urllib.parse import parse_qs, urlsplit
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
+
+from contextlog.schema.errors import ConfigError, Unavailable
+
+CLUSTER_SCHEMES: Final = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+# Either kind of client: the commands contextlog sends work on both (one key, or keys
+# of one hash slot, per command and per MULTI).
+SyncClient = redis.Redis | RedisCluster
+AsyncClient = aioredis.Redis | AsyncRedisCluster
+
+
+def is_cluster_url(url: str) -> bool:
+    """Whether `url` names a Redis Cluster (`redis+cluster://`, `rediss+cluster://`)."""
+    return urlsplit(url).scheme in CLUSTER_SCHEMES
+
+
+def is_cluster(client: object) -> bool:
+    """Whether `client` talks to a Redis Cluster (sync or asyncio, or one's pipeline)."""
+    return isinstance(client, RedisCluster | AsyncRedisCluster)
+
+
+def cluster_node_url(url: str, name: str = "REDIS_URL") -> str:
+    """The plain `redis://` URL of the node a cluster URL names; database 0 only."""
+    parts = urlsplit(url)
+    scheme = CLUSTER_SCHEMES.get(parts.scheme)
+    if scheme is None:
+        raise ConfigError(f"{name} is not a redis+cluster:// URL: {url!r}")
+    dbs = [*parse_qs(parts.query).get("db", []), parts.path.strip("/") or "0"]
+    if any(db != "0" for db in dbs):
+        raise ConfigError(
+            f"{name} names database {dbs[0] if dbs[0] != '0' else dbs[-1]!r}, but a Redis "
+            f"Cluster has database 0 only: {url!r}"
+        )
+    return parts._replace(scheme=scheme).geturl()
+
+
+def connect(url: str, **kwargs: Any) -> SyncClient:
+    """A client for `url`: a `RedisCluster` for a cluster URL, a `Redis` otherwise.
+    Keyword arguments go to the client (timeouts). A `Redis` connects on first use; a
+    `RedisCluster` asks a node for the slot map at once (redis-py's sync client has no
+    lazy start), so an unreachable cluster is `Unavailable` here."""
+    if not is_cluster_url(url):
+        return redis.Redis.from_url(url, **kwargs)
+    try:
+        return RedisCluster.from_url(cluster_node_url(url), **kwargs)
+    except (RedisClusterException, redis.RedisError) as e:
+        raise Unavailable(f"cannot reach the Redis Cluster at {_where(url)}: {e}") from e
+
+
+def _where(url: str) -> str:
+    """host:port of a URL, without its credentials."""
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port or 6379}"
+
+
+def connect_async(url: str, **kwargs: Any) -> AsyncClient:
+    """`connect` for asyncio adapters (the asyncio cluster client starts on first use)."""
+    if is_cluster_url(url):
+        return AsyncRedisCluster.from_url(cluster_node_url(url), **kwargs)
+    return aioredis.Redis.from_url(url, **kwargs)
