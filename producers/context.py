@@ -71,6 +71,8 @@ class Context:
     # The thread's older part was compacted: its summary is in `system`, and the
     # messages are what came after it.
     compacted: bool = False
+    # Which Postgres served the read: "primary", or "replica" (producers/replica.py).
+    served_by: str = field(default="primary", compare=False)
 
     def to_anthropic(
         self,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime as dt
 import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 import msgspec
 import psycopg
@@ -26,6 +26,14 @@ from contextlog.producers.history import (
     to_messages,
     to_page,
 )
+from contextlog.producers.replica import (
+    MAX_LAG,
+    WAIT,
+    AsyncReplica,
+    Policy,
+    Replica,
+    Timer,
+)
 from contextlog.schema.defaults import ConversationDefaults
 from contextlog.schema.errors import NotVisible, Unavailable
 from contextlog.schema.queries import query
@@ -33,6 +41,8 @@ from contextlog.schema.queries import query
 # `wait_for` sleeps until ingest's commit notification (LISTEN contextlog_commits); it also
 # re-checks at least this often, should a notification not come (an older ingest, a lost one).
 POLL_SECONDS = 0.05
+T = TypeVar("T")
+Parts = tuple["ConversationState | None", list[tuple[Any, ...]], list[tuple[Any, ...]]]
 
 
 @dataclass(frozen=True)
@@ -177,6 +187,59 @@ def window_params(
     }
 
 
+def send_window(conn: Any, params: dict[str, Any]) -> Callable[[], Parts]:
+    """Send the three reads of a context (on a connection in pipeline mode, they travel
+    with whatever else is queued); returns how to collect them."""
+    state_cur = conn.execute(query("conversation_state"), params)
+    rows_cur = conn.cursor().execute(query("window_messages"), params)
+    threads_cur = conn.cursor().execute(query("active_threads"), params)
+
+    def collect() -> Parts:
+        state = _state(state_cur.fetchone())
+        rows, threads = rows_cur.fetchall(), threads_cur.fetchall()
+        if not complete(rows):  # the bounded fetch holds no turn to start at
+            rows = conn.execute(query("window_messages"), {**params, "bounded": False}).fetchall()
+        return state, rows, threads
+
+    return collect
+
+
+def fetch_window(conn: Any, params: dict[str, Any]) -> Parts:
+    """The conversation's state, window rows and other threads: one round trip (pipeline
+    mode), a second one only when the bounded fetch holds no turn to start at."""
+    with conn.pipeline():
+        collect = send_window(conn, params)
+    return collect()
+
+
+async def asend_window(conn: Any, params: dict[str, Any]) -> Callable[[], Awaitable[Parts]]:
+    """`send_window` on an asyncio connection."""
+    state_cur = await conn.execute(query("conversation_state"), params)
+    rows_cur = await conn.cursor().execute(query("window_messages"), params)
+    threads_cur = await conn.cursor().execute(query("active_threads"), params)
+
+    async def collect() -> Parts:
+        state = _state(await state_cur.fetchone())
+        rows, threads = await rows_cur.fetchall(), await threads_cur.fetchall()
+        if not complete(rows):
+            cur = await conn.execute(query("window_messages"), {**params, "bounded": False})
+            rows = await cur.fetchall()
+        return state, rows, threads
+
+    return collect
+
+
+async def afetch_window(conn: Any, params: dict[str, Any]) -> Parts:
+    """`fetch_window` on an asyncio connection."""
+    async with conn.pipeline():
+        collect = await asend_window(conn, params)
+    return await collect()
+
+
+def _policy(max_replica_lag: float, replica_wait: float) -> Policy:
+    return Policy(max_lag=max_replica_lag, wait=replica_wait)
+
+
 class _Reader:
     def __init__(
         self,
@@ -188,6 +251,17 @@ class _Reader:
         self.defaults = defaults or ConversationDefaults.from_env(os.environ)
         self.clock = clock
         self.attachments = attachments.Cache()  # base64 of recently read attachments
+        self.replica: Replica | AsyncReplica | None = None
+
+    @property
+    def routing(self) -> dict[str, int]:
+        """Reads served by the primary and by the replica, and the primary's fallbacks by
+        reason (lagging, behind, down, error); empty without a replica."""
+        return {} if self.replica is None else self.replica.routing.snapshot()
+
+    def _context(self, parts: Parts, now: dt.datetime) -> Context:
+        state, rows, threads = parts
+        return assemble(state, plan(state, self.defaults, now), rows, threads)
 
 
 # Connections are opened on first use (never at import or construction time).
@@ -202,15 +276,32 @@ _POOL: dict[str, Any] = {
 class ContextReader(_Reader):
     """Synchronous reader: `r.context(agent, channel)` before every LLM turn."""
 
-    def __init__(self, pool: ConnectionPool[Any], **kwargs: Any) -> None:
+    def __init__(
+        self, pool: ConnectionPool[Any], *, replica: Replica | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.pool = pool
+        self.replica: Replica | None = replica
 
     @classmethod
-    def from_url(cls, url: str, **kwargs: Any) -> ContextReader:
-        """A reader on the Postgres at `url`; connects on first use."""
-        pool = ConnectionPool(url, configure=_configure, **_POOL)
-        return cls(pool, **kwargs)
+    def from_url(
+        cls,
+        url: str,
+        *,
+        replica_url: str | None = None,
+        max_replica_lag: float = MAX_LAG,
+        replica_wait: float = WAIT,
+        timer: Timer | None = None,
+        **kwargs: Any,
+    ) -> ContextReader:
+        """A reader on the Postgres at `url`, reading from the streaming replica at
+        `replica_url` when given (see `producers.replica`); connects on first use."""
+        replica = None
+        if replica_url:
+            policy = _policy(max_replica_lag, replica_wait)
+            pool = ConnectionPool(replica_url, configure=_configure, **_POOL)
+            replica = Replica(pool, policy, timer)
+        return cls(ConnectionPool(url, configure=_configure, **_POOL), replica=replica, **kwargs)
 
     def connection(self) -> Any:
         """A pooled connection (a context manager); the pool opens on first use."""
@@ -234,29 +325,33 @@ class ContextReader(_Reader):
         """The context of one thread (or the main line), valid for the Messages API."""
         now = now or self.clock()
         params = window_params(agent, channel, thread, now, self.defaults, bounded=True)
-        with self.connection() as conn:
-            if wait_for is not None:
-                self._wait(conn, wait_for, timeout)
-            with conn.pipeline():  # the three reads in one round trip
-                state_cur = conn.execute(query("conversation_state"), params)
-                rows_cur = conn.cursor().execute(query("window_messages"), params)
-                threads_cur = conn.cursor().execute(query("active_threads"), params)
-            state = _state(state_cur.fetchone())
-            rows, threads = rows_cur.fetchall(), threads_cur.fetchall()
-            if not complete(rows):
-                rows = conn.execute(
-                    query("window_messages"), {**params, "bounded": False}
-                ).fetchall()
-        ctx = assemble(state, plan(state, self.defaults, now), rows, threads)
-        return attachments.attach(self.connection, ctx, self.attachments)
+        if self.replica is None:
+            with self.connection() as conn:
+                if wait_for is None:
+                    parts = fetch_window(conn, params)
+                else:  # the reads ride with the look that finds the event
+                    waited = self._wait(
+                        conn, wait_for, timeout, agent, channel, lambda c: send_window(c, params)
+                    )
+                    assert waited[1] is not None
+                    parts = waited[1]
+            return attachments.attach(self.connection, self._context(parts, now), self.attachments)
+        lsn = None
+        if wait_for is not None:  # on the primary: a standby cannot LISTEN
+            with self.connection() as conn:
+                lsn = self._wait(conn, wait_for, timeout, agent, channel, look="event_visible_at")[
+                    0
+                ]
+        got = self.replica.read(lambda conn: fetch_window(conn, params), lsn, self.connection)
+        ctx = replace(self._context(got.value, now), served_by=got.by)
+        return attachments.attach(got.connect, ctx, self.attachments)
 
     def sessions(
         self, agent: str, channel: str | None = None, *, page: int = 1, per_page: int = PER_PAGE
     ) -> SessionPage:
         """Saved sessions of a conversation (or of all the agent's channels), newest first."""
         params = page_params(agent, channel, page, per_page)
-        with self.connection() as conn:
-            rows = conn.execute(query("list_sessions"), params).fetchall()
+        rows = self._read(lambda conn: conn.execute(query("list_sessions"), params).fetchall())
         return to_page(rows, page, per_page)
 
     def session(
@@ -272,68 +367,111 @@ class ContextReader(_Reader):
         """A session and its messages, oldest first (what export writes)."""
         info, seqs = self._session(session_id, agent, channel)
         params = {"agent": info.agent, "channel": info.channel, "seqs": seqs}
-        with self.connection() as conn:
-            rows = conn.execute(query("session_messages"), params).fetchall()
+        rows = self._read(lambda conn: conn.execute(query("session_messages"), params).fetchall())
         return info, to_messages(rows)
 
     def _session(
         self, session_id: str, agent: str | None, channel: str | None
     ) -> tuple[SessionInfo, list[int]]:
         params = {"session_id": session_id, "agent": agent, "channel": channel}
-        with self.connection() as conn:
-            rows = conn.execute(query("get_session"), params).fetchall()
+        rows = self._read(lambda conn: conn.execute(query("get_session"), params).fetchall())
         return pick(rows, session_id, agent, channel)
 
-    def _wait(self, conn: Any, event_id: str, timeout: float) -> None:
+    def _read(self, fn: Callable[[Any], T]) -> T:
+        """`fn(conn)` on the replica (within its lag bound) or else the primary."""
+        if self.replica is None:
+            with self.connection() as conn:
+                return fn(conn)
+        return self.replica.read(fn, None, self.connection).value
+
+    def _wait(
+        self,
+        conn: Any,
+        event_id: str,
+        timeout: float,
+        agent: str,
+        channel: str,
+        then: Callable[[Any], Callable[[], T]] | None = None,
+        look: str = "event_visible",
+    ) -> tuple[Any, T | None]:
         """Until `event_id` is stored: sleep on ingest's commit notifications, not a timer.
+        Returns the first column of the `look` query's row (see `event_visible_at`) and
+        what `then` collected: `then(conn)` sends the reads that follow, in the round trip
+        of the look that finds the event (a look that does not wastes them).
 
         Two round trips when ingest commits while we wait (the usual read-your-writes
-        case): listen + look, then, once woken, look + stop listening. A look that finds
-        nothing after stopping listens again first (no commit slips in between).
+        case): listen + look, then, once woken, look + stop listening + the reads. A look
+        that finds nothing after stopping listens again first (no commit slips in).
         """
-        params = {"event_id": event_id}
+        params = {"event_id": event_id, "agent": agent, "channel": channel}
         deadline = time.monotonic() + timeout
         with conn.pipeline():
             conn.execute(query("listen_commits"))
-            visible = conn.execute(query("event_visible"), params)
-        listening = True
+            visible = conn.execute(query(look), params)
+        listening, collect = True, None
         try:
-            while visible.fetchone() is None:
+            while (row := visible.fetchone()) is None:
                 if not listening:
                     with conn.pipeline():
                         conn.execute(query("listen_commits"))
-                        visible = conn.execute(query("event_visible"), params)
-                    listening = True
+                        visible = conn.execute(query(look), params)
+                    listening, collect = True, None
                     continue
                 if (left := deadline - time.monotonic()) <= 0:
                     raise _not_visible(event_id, timeout)
                 for _ in conn.notifies(timeout=min(left, POLL_SECONDS), stop_after=1):
                     pass
                 with conn.pipeline():
-                    visible = conn.execute(query("event_visible"), params)
+                    visible = conn.execute(query(look), params)
                     conn.execute(query("unlisten_commits"))
+                    collect = then(conn) if then else None
                 listening = False
+            if listening:  # found at the first look: stop listening with the reads
+                with conn.pipeline():
+                    conn.execute(query("unlisten_commits"))
+                    collect = then(conn) if then else None
+                listening = False
+            return row[0], (collect() if collect else None)
         finally:
             if listening:  # the pooled connection must not keep receiving them
                 conn.execute(query("unlisten_commits"))
 
     def close(self) -> None:
-        """Close the pool."""
+        """Close the pools."""
         self.pool.close()
+        if self.replica is not None:
+            self.replica.close()
 
 
 class AsyncContextReader(_Reader):
     """asyncio reader: `await r.context(agent, channel)`."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any], **kwargs: Any) -> None:
+    def __init__(
+        self, pool: AsyncConnectionPool[Any], *, replica: AsyncReplica | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.pool = pool
+        self.replica: AsyncReplica | None = replica
 
     @classmethod
-    def from_url(cls, url: str, **kwargs: Any) -> AsyncContextReader:
-        """A reader on the Postgres at `url`; connects on first use."""
-        pool = AsyncConnectionPool(url, configure=_aconfigure, **_POOL)
-        return cls(pool, **kwargs)
+    def from_url(
+        cls,
+        url: str,
+        *,
+        replica_url: str | None = None,
+        max_replica_lag: float = MAX_LAG,
+        replica_wait: float = WAIT,
+        timer: Timer | None = None,
+        **kwargs: Any,
+    ) -> AsyncContextReader:
+        """`ContextReader.from_url`, for asyncio."""
+        replica = None
+        if replica_url:
+            policy = _policy(max_replica_lag, replica_wait)
+            pool = AsyncConnectionPool(replica_url, configure=_aconfigure, **_POOL)
+            replica = AsyncReplica(pool, policy, timer)
+        primary = AsyncConnectionPool(url, configure=_aconfigure, **_POOL)
+        return cls(primary, replica=replica, **kwargs)
 
     async def context(
         self,
@@ -346,30 +484,39 @@ class AsyncContextReader(_Reader):
         now: dt.datetime | None = None,
     ) -> Context:
         """The context of one thread (or the main line), valid for the Messages API."""
-        async with await self._aconn() as conn:
-            if wait_for is not None:
-                await self._wait(conn, wait_for, timeout)
+        if self.replica is None:
             now = now or self.clock()
             params = window_params(agent, channel, thread, now, self.defaults, bounded=True)
-            async with conn.pipeline():  # the three reads in one round trip
-                state_cur = await conn.execute(query("conversation_state"), params)
-                rows_cur = await conn.cursor().execute(query("window_messages"), params)
-                threads_cur = await conn.cursor().execute(query("active_threads"), params)
-            state = _state(await state_cur.fetchone())
-            rows, threads = await rows_cur.fetchall(), await threads_cur.fetchall()
-            if not complete(rows):
-                cur = await conn.execute(query("window_messages"), {**params, "bounded": False})
-                rows = await cur.fetchall()
-        ctx = assemble(state, plan(state, self.defaults, now), rows, threads)
-        return await attachments.aattach(self._aconn, ctx, self.attachments)
+            async with await self._aconn() as conn:
+                if wait_for is None:
+                    parts = await afetch_window(conn, params)
+                else:  # the reads ride with the look that finds the event
+                    then = lambda c: asend_window(c, params)  # noqa: E731
+                    waited = await self._wait(conn, wait_for, timeout, agent, channel, then)
+                    assert waited[1] is not None
+                    parts = waited[1]
+            ctx = self._context(parts, now)
+            return await attachments.aattach(self._aconn, ctx, self.attachments)
+        lsn = None
+        if wait_for is not None:  # on the primary: a standby cannot LISTEN
+            async with await self._aconn() as conn:
+                lsn = (
+                    await self._wait(
+                        conn, wait_for, timeout, agent, channel, look="event_visible_at"
+                    )
+                )[0]
+        now = now or self.clock()
+        params = window_params(agent, channel, thread, now, self.defaults, bounded=True)
+        got = await self.replica.read(lambda conn: afetch_window(conn, params), lsn, self._aconn)
+        ctx = replace(self._context(got.value, now), served_by=got.by)
+        return await attachments.aattach(got.connect, ctx, self.attachments)
 
     async def sessions(
         self, agent: str, channel: str | None = None, *, page: int = 1, per_page: int = PER_PAGE
     ) -> SessionPage:
         """Saved sessions of a conversation (or of all the agent's channels), newest first."""
         params = page_params(agent, channel, page, per_page)
-        async with await self._aconn() as conn:
-            rows = await (await conn.execute(query("list_sessions"), params)).fetchall()
+        rows = await self._read(lambda conn: _afetchall(conn, "list_sessions", params))
         return to_page(rows, page, per_page)
 
     async def session(
@@ -378,34 +525,56 @@ class AsyncContextReader(_Reader):
         """One live session; `Refused` ("there is no session") if unknown, deleted, or of
         another conversation than the one named."""
         params = {"session_id": session_id, "agent": agent, "channel": channel}
-        async with await self._aconn() as conn:
-            rows = await (await conn.execute(query("get_session"), params)).fetchall()
+        rows = await self._read(lambda conn: _afetchall(conn, "get_session", params))
         return pick(rows, session_id, agent, channel)[0]
 
-    async def _wait(self, conn: Any, event_id: str, timeout: float) -> None:
+    async def _read(self, fn: Callable[[Any], Awaitable[T]]) -> T:
+        """`ContextReader._read`, for asyncio."""
+        if self.replica is None:
+            async with await self._aconn() as conn:
+                return await fn(conn)
+        return (await self.replica.read(fn, None, self._aconn)).value
+
+    async def _wait(
+        self,
+        conn: Any,
+        event_id: str,
+        timeout: float,
+        agent: str,
+        channel: str,
+        then: Callable[[Any], Awaitable[Callable[[], Awaitable[T]]]] | None = None,
+        look: str = "event_visible",
+    ) -> tuple[Any, T | None]:
         """`ContextReader._wait`, for asyncio."""
-        params = {"event_id": event_id}
+        params = {"event_id": event_id, "agent": agent, "channel": channel}
         deadline = time.monotonic() + timeout
         async with conn.pipeline():
             await conn.execute(query("listen_commits"))
-            visible = await conn.execute(query("event_visible"), params)
-        listening = True
+            visible = await conn.execute(query(look), params)
+        listening, collect = True, None
         try:
-            while await visible.fetchone() is None:
+            while (row := await visible.fetchone()) is None:
                 if not listening:
                     async with conn.pipeline():
                         await conn.execute(query("listen_commits"))
-                        visible = await conn.execute(query("event_visible"), params)
-                    listening = True
+                        visible = await conn.execute(query(look), params)
+                    listening, collect = True, None
                     continue
                 if (left := deadline - time.monotonic()) <= 0:
                     raise _not_visible(event_id, timeout)
                 async for _ in conn.notifies(timeout=min(left, POLL_SECONDS), stop_after=1):
                     pass
                 async with conn.pipeline():
-                    visible = await conn.execute(query("event_visible"), params)
+                    visible = await conn.execute(query(look), params)
                     await conn.execute(query("unlisten_commits"))
+                    collect = await then(conn) if then else None
                 listening = False
+            if listening:
+                async with conn.pipeline():
+                    await conn.execute(query("unlisten_commits"))
+                    collect = await then(conn) if then else None
+                listening = False
+            return row[0], (await collect() if collect else None)
         finally:
             if listening:
                 await conn.execute(query("unlisten_commits"))
@@ -419,9 +588,15 @@ class AsyncContextReader(_Reader):
         return self.pool.connection()
 
     async def aclose(self) -> None:
-        """Close the pool."""
+        """Close the pools."""
         await self.pool.close()
+        if self.replica is not None:
+            await self.replica.aclose()
 
 
 async def _aconfigure(conn: Any) -> None:
     _configure(conn)
+
+
+async def _afetchall(conn: Any, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    return list(await (await conn.execute(query(name), params)).fetchall())
