@@ -15,8 +15,9 @@ from contextlog.schema.queries import migrations
 MIGRATION_LOCK: Final = 0x636F6E74  # "cont"
 
 
-def migrate(conn: psycopg.Connection[TupleRow]) -> list[str]:
-    """Apply missing migrations in one transaction; returns the names applied."""
+def migrate(conn: psycopg.Connection[TupleRow], *, upto: int | None = None) -> list[str]:
+    """Apply missing migrations in one transaction; returns the names applied. `upto`
+    stops after that version (tests build a database as an older release left it)."""
     applied: list[str] = []
     try:
         with conn.transaction():
@@ -27,7 +28,7 @@ def migrate(conn: psycopg.Connection[TupleRow]) -> list[str]:
             )
             done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
             for m in migrations():
-                if m.version in done:
+                if m.version in done or (upto is not None and m.version > upto):
                     continue
                 conn.execute(m.sql.encode())
                 conn.execute(
