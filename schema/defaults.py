@@ -12,6 +12,10 @@ from contextlog.schema.errors import ConfigError
 ROLLING_WINDOW: Final = 86_400
 IDLE_TIMEOUT: Final = 1_800
 TOKEN_BUDGET: Final = 16_000
+# Reads from a streaming replica (producers/replica.py), in seconds: how far behind it may
+# be for reads without wait_for, and how long a wait_for read waits for it to replay.
+REPLICA_MAX_LAG: Final = 5.0
+REPLICA_WAIT: Final = 0.25
 
 
 @dataclass(frozen=True)

@@ -68,4 +68,5 @@ class NotVisible(ContextlogError):
 
 class Refused(ContextlogError):
     """Raised when a session request is refused: no such session, a session of another
-    conversation, or an import file that is not a valid export; the message says which."""
+    conversation, or an import file that is not a valid export; or a retention request
+    (`contextlog retire`) that would break the log's rules; the message says which."""

@@ -9,7 +9,11 @@ import pytest
 import redis
 import structlog
 
-from tests.support import services
+from tests.support import servers, services
+from tests.support.cluster import RedisCluster3
+
+# The primary + streaming replica pair (`replica_pair`, `replicated`) of the replica tests.
+pytest_plugins = ("tests.support.replica",)
 
 
 @pytest.fixture(scope="session")
@@ -53,6 +57,24 @@ def rds(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url)
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_session() -> Iterator[RedisCluster3]:
+    """A private 3-master Redis Cluster (a replica each), started once per session."""
+    try:
+        servers.redis_server_binary()
+    except servers.ServerMissing as e:
+        services.unavailable("a private Redis Cluster", str(e))
+    with RedisCluster3() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def redis_cluster(redis_cluster_session: RedisCluster3) -> Iterator[RedisCluster3]:
+    """The session's Redis Cluster, emptied before each test (every key there is ours)."""
+    redis_cluster_session.flush()
+    yield redis_cluster_session
 
 
 @pytest.fixture(autouse=True)

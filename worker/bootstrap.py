@@ -17,6 +17,8 @@ import structlog
 from psycopg.rows import TupleRow
 from rq import Queue
 
+from contextlog.producers import connection
+from contextlog.producers.connection import SyncClient
 from contextlog.producers.producer import Producer
 from contextlog.producers.reader import ContextReader
 from contextlog.schema import keys
@@ -25,15 +27,15 @@ from contextlog.worker import idle
 from contextlog.worker.clock import Clock, SystemClock
 from contextlog.worker.config import Settings
 from contextlog.worker.eventlog import EventLog, PostgresEventLog, bound_waits
-from contextlog.worker.idle import Timers
 from contextlog.worker.ingest import Ingest
-from contextlog.worker.jobs import IDLE, SUMMARIES, Jobs
+from contextlog.worker.jobs import SUMMARIES, Jobs
 from contextlog.worker.migrations import migrate
 from contextlog.worker.notify import RedisNotifier
 from contextlog.worker.relay import Relay
 from contextlog.worker.rqworker import ContextlogWorker
 from contextlog.worker.streams import Streams
 from contextlog.worker.sweeper import Heartbeat, Loop
+from contextlog.worker.timers import IDLE, Timers
 
 PgConn = psycopg.Connection[TupleRow]
 log = structlog.get_logger("contextlog.bootstrap")
@@ -42,9 +44,18 @@ if TYPE_CHECKING:
     from contextlog.worker.summarize import Summarizer
 
 
-def redis_client(settings: Settings) -> redis.Redis:
-    """A Redis client for `REDIS_URL` (its database number honoured)."""
-    return redis.Redis.from_url(settings.redis_url, socket_timeout=30, health_check_interval=15)
+def redis_client(settings: Settings) -> SyncClient:
+    """A client for `REDIS_URL`: the streams, leases, dead letters and notifications
+    (a Redis, its database number honoured, or a Redis Cluster)."""
+    return connection.connect(settings.redis_url, socket_timeout=30, health_check_interval=15)
+
+
+def queue_client(settings: Settings) -> redis.Redis:
+    """A Redis client for `CONTEXTLOG_QUEUE_REDIS_URL` (default: REDIS_URL): RQ's queues
+    and scheduler, idle timers, compaction claims, worker heartbeats."""
+    return redis.Redis.from_url(
+        settings.queue_redis_url, socket_timeout=30, health_check_interval=15
+    )
 
 
 def pg_connector(settings: Settings) -> Callable[[], PgConn]:
@@ -58,17 +69,23 @@ def pg_connector(settings: Settings) -> Callable[[], PgConn]:
     return connect
 
 
-def relay(settings: Settings, client: redis.Redis | None = None) -> Relay:
-    """Where committed effects go: notices to adapter streams, jobs to RQ."""
+def relay(
+    settings: Settings, client: SyncClient | None = None, queue: redis.Redis | None = None
+) -> Relay:
+    """Where committed effects go: notices to adapter streams (REDIS_URL), jobs and idle
+    timers to RQ (the queue Redis)."""
     client = client or redis_client(settings)
+    queue = queue or queue_client(settings)
     timeout = int(settings.summary_timeout * settings.summary_attempts * 2) + 60
-    return Relay(RedisNotifier(client), Jobs(client, job_timeout=timeout), Timers(client))
+    return Relay(RedisNotifier(client), Jobs(queue, job_timeout=timeout), Timers(queue))
 
 
-def open_event_log(settings: Settings, client: redis.Redis | None = None) -> Callable[[], EventLog]:
+def open_event_log(
+    settings: Settings, client: SyncClient | None = None, queue: redis.Redis | None = None
+) -> Callable[[], EventLog]:
     """A function opening the Postgres event log; connection failures become `Unavailable`."""
     connect = pg_connector(settings)
-    effects = relay(settings, client)
+    effects = relay(settings, client, queue)
 
     def open_log() -> EventLog:
         try:
@@ -119,14 +136,13 @@ def summarizer(settings: Settings) -> Summarizer:
 
 def build_resources(settings: Settings, clock: Clock | None = None) -> Resources:
     """Resources for jobs; nothing connects until first used."""
-    client = redis_client(settings)
     return Resources(
         settings=settings,
         reader=ContextReader.from_url(settings.database_url, defaults=settings.conversation),
-        producer=Producer(client, shards=settings.shards),
+        producer=Producer(redis_client(settings), shards=settings.shards),
         summarizer=summarizer(settings),
         clock=clock or SystemClock(),
-        timers=Timers(client),
+        timers=Timers(queue_client(settings)),
     )
 
 
@@ -154,7 +170,7 @@ def run_migrations(settings: Settings) -> list[str]:
         return migrate(conn)
 
 
-def claim_shard_count(client: redis.Redis, shards: int) -> None:
+def claim_shard_count(client: SyncClient, shards: int) -> None:
     """Record the shard count for producers, or refuse to run with a different one."""
     client.set(keys.SHARDS_KEY, shards, nx=True)
     current = int(client.get(keys.SHARDS_KEY) or shards)
@@ -185,7 +201,7 @@ def build_worker(settings: Settings) -> ContextlogWorker:
     over, and the scheduler child exits with its worker (see worker.rqworker).
     """
     install(build_resources(settings))
-    client = redis_client(settings)
+    client = queue_client(settings)
     queues = [Queue(name, connection=client) for name in (IDLE, SUMMARIES)]
     return ContextlogWorker(
         queues,
@@ -215,8 +231,8 @@ def sweep_forever(settings: Settings, stop: threading.Event) -> None:
     again the summaries whose jobs were lost and re-arm the idle timers Redis lost
     (Redis data loss, a worker that died in a job). No error ends it (see `Loop`)."""
     res = resources()
-    client = redis_client(settings)
-    jobs = relay(settings, client).jobs
+    client = queue_client(settings)
+    jobs = relay(settings, queue=client).jobs
 
     def cycle() -> None:
         if n := jobs.requeue_pending(res.reader, res.clock.now(), SUMMARY_GRACE_S):

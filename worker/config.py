@@ -6,11 +6,12 @@ import dataclasses
 import os
 import socket
 from collections.abc import Callable, Mapping
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
+from contextlog.producers import connection
 from contextlog.schema import codec, keys
-from contextlog.schema.defaults import ConversationDefaults
+from contextlog.schema.defaults import REPLICA_MAX_LAG, REPLICA_WAIT, ConversationDefaults
 from contextlog.schema.errors import ConfigError
 
 DEFAULT_REDIS_URL: Final = "redis://127.0.0.1:6379/0"
@@ -39,7 +40,14 @@ class Settings:
     """Deployment settings of every contextlog process."""
 
     redis_url: str = DEFAULT_REDIS_URL
+    # RQ's queues, scheduler, idle timers and compaction claims: RQ cannot use a Redis
+    # Cluster, so with REDIS_URL on a cluster these live on a standalone Redis.
+    queue_redis_url: str = DEFAULT_REDIS_URL
     database_url: str = DEFAULT_DATABASE_URL
+    # Context readers built here (CLI, chat, demo) read from this streaming replica.
+    replica_url: str | None = None
+    replica_max_lag: float = REPLICA_MAX_LAG
+    replica_wait: float = REPLICA_WAIT
     shards: int = keys.DEFAULT_SHARDS
     batch_size: int = DEFAULT_BATCH_SIZE
     ingest_threads: int = DEFAULT_INGEST_THREADS
@@ -70,9 +78,16 @@ class Settings:
         """Build settings from `env` (default: the process environment)."""
         env = os.environ if env is None else env
         r = _Reader(env)
+        redis_url = r.get("REDIS_URL", DEFAULT_REDIS_URL, _redis_url)
         return cls(
-            redis_url=r.get("REDIS_URL", DEFAULT_REDIS_URL, _redis_url),
+            redis_url=redis_url,
+            queue_redis_url=_queue_redis_url(r, redis_url),
             database_url=r.get("DATABASE_URL", DEFAULT_DATABASE_URL, _database_url),
+            replica_url=r.get("CONTEXTLOG_REPLICA_URL", None, _database_url),
+            replica_max_lag=r.get(
+                "CONTEXTLOG_REPLICA_MAX_LAG", REPLICA_MAX_LAG, _float_in(0, 86400)
+            ),
+            replica_wait=r.get("CONTEXTLOG_REPLICA_WAIT", REPLICA_WAIT, _float_in(0, 60)),
             shards=keys.shards_from_env(env),
             batch_size=r.get("CONTEXTLOG_BATCH_SIZE", DEFAULT_BATCH_SIZE, _int_in(1, 10_000)),
             ingest_threads=r.get(
@@ -116,6 +131,15 @@ class Settings:
             dashboard_password=r.get("CONTEXTLOG_DASHBOARD_PASSWORD", None, _secret),
         )
 
+    def reader_options(self) -> dict[str, Any]:
+        """Keyword arguments of `ContextReader.from_url` for these settings."""
+        return {
+            "defaults": self.conversation,
+            "replica_url": self.replica_url,
+            "max_replica_lag": self.replica_max_lag,
+            "replica_wait": self.replica_wait,
+        }
+
 
 def default_consumer() -> str:
     """A consumer name unique to this process: host and pid."""
@@ -133,12 +157,37 @@ class _Reader:
         return parse(name, raw.strip())
 
 
+QUEUE_REDIS_VAR: Final = "CONTEXTLOG_QUEUE_REDIS_URL"
+
+
+def _queue_redis_url(r: _Reader, redis_url: str) -> str:
+    """CONTEXTLOG_QUEUE_REDIS_URL, by default REDIS_URL; never a cluster (RQ needs MULTI
+    and Lua over keys of many slots)."""
+    queue = r.get(QUEUE_REDIS_VAR, redis_url, _standalone_redis_url)
+    if connection.is_cluster_url(queue):
+        raise ConfigError(
+            f"REDIS_URL is a Redis Cluster, which RQ cannot use for its queues, scheduler "
+            f"and idle timers: set {QUEUE_REDIS_VAR} to a standalone Redis: {redis_url!r}"
+        )
+    return queue
+
+
+def _standalone_redis_url(name: str, raw: str) -> str:
+    if connection.is_cluster_url(raw):
+        raise ConfigError(f"{name} must be a standalone Redis (RQ cannot use a cluster): {raw!r}")
+    return _redis_url(name, raw)
+
+
 def _redis_url(name: str, raw: str) -> str:
     """A URL redis-py reads as written: it quietly takes database 0 for a database it
-    cannot parse (`/99x`), and every process must honour the number given."""
+    cannot parse (`/99x`), and every process must honour the number given. A Redis
+    Cluster (`redis+cluster://`) has database 0 only."""
+    if connection.is_cluster_url(raw):
+        _redis_url(name, connection.cluster_node_url(raw, name))  # database 0 only
+        return raw
     parts = urlsplit(raw)
     if parts.scheme not in ("redis", "rediss", "unix"):
-        raise ConfigError(f"{name} is not a redis:// or unix:// URL: {raw!r}")
+        raise ConfigError(f"{name} is not a redis://, redis+cluster:// or unix:// URL: {raw!r}")
     try:
         parts.port  # noqa: B018 - parsing it is the check
     except ValueError:

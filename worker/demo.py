@@ -17,7 +17,7 @@ from rich.table import Table
 
 from contextlog.producers import ContextReader, Producer
 from contextlog.schema import codec, keys
-from contextlog.worker import bootstrap
+from contextlog.worker import bootstrap, deadletters
 from contextlog.worker.clock import SystemClock
 from contextlog.worker.config import Settings
 
@@ -131,7 +131,7 @@ def _show(settings: Settings, console: Console, ingest: subprocess.Popen[bytes])
         table.add_row(str(seq), kind, role, escape(text))
     console.print(table)
     client: Any = producer.redis  # replies are bytes
-    dead = client.xrevrange(keys.DEAD_LETTERS, count=1)
+    dead = deadletters.newest(client, producer.encoder.shards, 1)
     if dead:
         fields = {k.decode(): v.decode() for k, v in dead[0][1].items()}
         console.print(
@@ -148,7 +148,7 @@ def _show(settings: Settings, console: Console, ingest: subprocess.Popen[bytes])
 
 def _show_context(settings: Settings, console: Console, producer: Producer, channel: str) -> int:
     """What an adapter sends to the Messages API, then the same after `/context clear`."""
-    reader = ContextReader.from_url(settings.database_url, defaults=settings.conversation)
+    reader = ContextReader.from_url(settings.database_url, **settings.reader_options())
     try:
         ctx = reader.context(AGENT, channel)
         console.print(

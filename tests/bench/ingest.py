@@ -20,8 +20,8 @@ import redis
 from psycopg.rows import TupleRow
 
 from contextlog.producers import Producer
-from contextlog.schema import keys
 from contextlog.schema.queries import query
+from contextlog.worker import deadletters
 from contextlog.worker.config import Settings
 from tests.bench.harness import (
     BenchEnv,
@@ -318,7 +318,7 @@ def _check(env: BenchEnv, count: int) -> tuple[int, int]:
         stored = int(conn.execute("SELECT count(*) FROM events").fetchone()[0])  # type: ignore[index]
     client = redis.Redis.from_url(env.redis_url)
     try:
-        dead = int(client.xlen(keys.DEAD_LETTERS))
+        dead = deadletters.count(client, SHARDS)
     finally:
         client.close()
     if stored != count or dead:

@@ -19,7 +19,18 @@ from collections.abc import Mapping, Sequence
 import psycopg
 import redis
 
-from tests.bench import cache, context, idle, ingest, peers, report, sessions
+from tests.bench import (
+    cache,
+    cluster,
+    context,
+    idle,
+    ingest,
+    peers,
+    replica,
+    report,
+    scale,
+    sessions,
+)
 from tests.bench.harness import BenchEnv, BenchError, Benchmark, Result
 from tests.support.services import NotOurs, create_database, drop_database, flush_owned
 
@@ -28,12 +39,15 @@ DATABASE = f"contextlog_bench_{os.getpid()}"
 
 BENCHMARKS: dict[str, Benchmark] = {
     "cache": cache.run,
+    "cluster": cluster.run,
     "ingest": ingest.run,
     "context": context.run,
     "read_your_writes": context.run_read_your_writes,
     "sessions": sessions.run,
     "idle": idle.run,
     "peers": peers.run,
+    "replica": replica.run,
+    "scale": scale.run,
 }
 
 

@@ -36,7 +36,9 @@ from contextlog.producers import Batch, Producer
 from contextlog.producers.commands import Prepared
 from contextlog.schema import keys
 from contextlog.schema.queries import query
-from contextlog.worker.jobs import IDLE, SUMMARIES
+from contextlog.worker import deadletters
+from contextlog.worker.jobs import SUMMARIES
+from contextlog.worker.timers import IDLE
 from tests.bench.harness import (
     STOP_TIMEOUT,
     BenchEnv,
@@ -455,7 +457,7 @@ def _check(rig: Rig, messages: int) -> dict[str, Any]:
     ).fetchone()
     assert row is not None
     stored, summaries, compactions = (int(x) for x in row)
-    dead = int(rig.client.xlen(keys.DEAD_LETTERS))
+    dead = deadletters.count(rig.client, SHARDS)
     failed_jobs = _failed_jobs(rig)
     if stored != messages or dead or failed_jobs or summaries != 2 * SESSIONS:
         raise BenchError(

@@ -99,9 +99,7 @@ def test_chat_in_a_terminal(db: str, redis_url: str, tmp_path: Path) -> None:
             # log is in the failure message to find it next time).
             try:
                 term.expect(r"saved session \S+_auto-saved-after-2-s-idle", timeout=90)
-                term.expect(
-                    r"\* auto-saved session summary \(\S+\): \[local summary\]", timeout=60
-                )
+                term.expect(r"\* auto-saved session summary \(\S+\): \[local summary\]", timeout=60)
             except AssertionError as e:
                 raise AssertionError(f"{e}\n--- worker log ---\n{worker.tail()}") from None
             term.type("/quit")

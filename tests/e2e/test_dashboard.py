@@ -18,8 +18,8 @@ import pytest
 import redis
 from rq import Queue, SimpleWorker
 
-from contextlog.worker.idle import Timers
 from contextlog.worker.jobs import FAILURE_TTL, SUMMARIES, Jobs
+from contextlog.worker.timers import Timers, bucket_second, ms
 from tests.support import services
 from tests.support.processes import ROOT, Process, started
 from tests.support.running import eventually
@@ -192,7 +192,8 @@ def fill(client: redis.Redis, now: dt.datetime) -> str:
     assert jobs.compact(A, C)
     due = now + dt.timedelta(minutes=30)
     assert Timers(client).arm_many([(A, C, due)], now) == 1
-    return f"idle check {A}/{C} at {due:%H:%M:%S} UTC"
+    fires = dt.datetime.fromtimestamp(bucket_second(ms(due)), dt.UTC)
+    return f"idle checks due at {fires:%H:%M:%S} UTC"
 
 
 def test_dashboard_shows_the_queues_and_readable_jobs(

@@ -25,6 +25,7 @@ import pytest
 import redis
 
 from contextlog.schema import keys
+from contextlog.worker import deadletters
 from tests.e2e.producer_proc import AGENT, content
 
 pytestmark = pytest.mark.e2e
@@ -262,7 +263,7 @@ def redis_state(rds: redis.Redis) -> str:
     for shard in range(SHARDS):
         length = rds.xlen(keys.stream(shard))
         parts.append(f"shard {shard}: length {length}, pending {shard_pending(rds, shard)}")
-    return "; ".join(parts) + f"; dead letters: {rds.xlen(keys.DEAD_LETTERS)}"
+    return "; ".join(parts) + f"; dead letters: {deadletters.count(rds, SHARDS)}"
 
 
 def assert_log_matches(
@@ -298,7 +299,7 @@ def assert_log_matches(
     assert last_seq == {c: len(ids) for c, ids in pushed.items()}, "conversations.last_seq"
     counted = conn.execute("SELECT coalesce(sum(events), 0) FROM shard_checkpoints").fetchone()
     assert counted == (total,), f"shard checkpoints count {counted}, expected {total}"
-    assert rds.xlen(keys.DEAD_LETTERS) == 0, "entries were dead-lettered"
+    assert deadletters.count(rds, SHARDS) == 0, "entries were dead-lettered"
 
 
 @pytest.mark.timeout(300)

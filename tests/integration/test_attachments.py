@@ -22,7 +22,7 @@ from contextlog.schema import attachments, codec, keys
 from contextlog.schema import events as ev
 from contextlog.schema.defaults import ConversationDefaults
 from contextlog.schema.queries import queries
-from contextlog.worker import archive
+from contextlog.worker import archive, deadletters
 from contextlog.worker.config import Settings
 from tests.support.anthropic_rules import check_messages
 from tests.support.running import eventually, running, settings_for
@@ -183,7 +183,7 @@ def test_missing_bytes_dead_letter_only_their_entry(
     with running(settings):
         ctx = reader.context(A, "c", wait_for=last, timeout=30)
     assert ctx.messages == [{"role": "user", "content": [{"type": "text", "text": "still here"}]}]
-    dead: Any = rds.xrange(keys.DEAD_LETTERS)
+    dead: Any = deadletters.newest(rds, settings.shards, 10)
     [(_, fields)] = dead
     assert fields[b"reason"] == attachments.MISSING.encode()
 

@@ -247,7 +247,7 @@ def test_dead_letters_print_markup_literally(
 ) -> None:
     for i, text in enumerate(MARKUP):
         rds.xadd(
-            keys.DEAD_LETTERS,
+            keys.dead_letters(0),
             {
                 "reason": "malformed",
                 "detail": f"detail {text}",

@@ -112,9 +112,7 @@ def test_the_window_start_has_one_rule_in_sql_and_python(db: str) -> None:
                 assert got == rolling_cutoff(now, window), (window, now)
 
 
-def test_the_thread_list_follows_the_same_edge_as_the_messages(
-    db: str, log: Log
-) -> None:
+def test_the_thread_list_follows_the_same_edge_as_the_messages(db: str, log: Log) -> None:
     """Between the floored edge and `now - window`, messages are still in the window, and a
     thread active there is listed in the preamble too (the thread list, like a restore's
     visibility and saves, used the unfloored edge: for up to an hour the preamble and the

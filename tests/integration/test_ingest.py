@@ -9,7 +9,7 @@ import psycopg
 
 from contextlog.producers import Producer
 from contextlog.schema import keys
-from contextlog.worker import bootstrap
+from contextlog.worker import bootstrap, deadletters
 from contextlog.worker.streams import Streams
 from tests.support.proxy import Proxy, postgres_upstream, redis_upstream, via
 from tests.support.running import count_events, eventually, running, settings_for, stored_ids
@@ -39,11 +39,11 @@ def test_bad_entries_are_dead_lettered_and_good_ones_stored(
         rds.xadd(stream, {"e": "not json at all"})
         last = producer.post_message("alpha", "general", "user", "last")
         eventually(
-            lambda: count_events(db) == 2 and rds.xlen(keys.DEAD_LETTERS) == 2,
+            lambda: count_events(db) == 2 and deadletters.count(rds, 4) == 2,
             what="2 stored, 2 dead letters",
         )
     assert stored_ids(db, "alpha", "general") == [first, last]
-    reasons = [f[b"reason"] for _, f in rds.xrange(keys.DEAD_LETTERS)]
+    reasons = [f[b"reason"] for _, f in reversed(deadletters.newest(rds, 4, 10))]
     assert reasons == [b"invalid", b"malformed"]
 
 
@@ -122,7 +122,7 @@ def test_ingest_rides_out_a_postgres_outage(db: str, redis_url: str, rds: Any) -
     finally:
         proxy.close()
     assert stored_ids(db, "alpha", "general") == before + during
-    assert rds.xlen(keys.DEAD_LETTERS) == 0
+    assert deadletters.count(rds, 4) == 0
     for shard in range(4):
         assert rds.xpending(keys.stream(shard), keys.INGEST_GROUP)["pending"] == 0
 
@@ -155,7 +155,7 @@ def test_status_reports_lag_dead_letters_and_stored(db: str, redis_url: str, rds
         producer.post_message("alpha", "general", "user", "hi")
         rds.xadd(keys.stream(0), {"junk": "1"})
         eventually(
-            lambda: count_events(db) == 1 and rds.xlen(keys.DEAD_LETTERS) == 1,
+            lambda: count_events(db) == 1 and deadletters.count(rds, 4) == 1,
             what="ingest to catch up",
         )
     Streams(rds, "idle").ensure_group(1)

@@ -33,7 +33,6 @@ from contextlog.worker import bootstrap, cli
 from contextlog.worker.clock import FakeClock, SystemClock
 from contextlog.worker.config import Settings
 from contextlog.worker.eventlog import Accepted, PostgresEventLog
-from contextlog.worker.idle import Timers
 from contextlog.worker.jobs import SUMMARIES, Jobs
 from contextlog.worker.notify import MemoryNotifier
 from contextlog.worker.rebuild import rebuild
@@ -45,6 +44,7 @@ from contextlog.worker.summarize import (
     LocalSummarizer,
     Summarizer,
 )
+from contextlog.worker.timers import Timers
 from tests.support.anthropic_rules import check_messages
 from tests.support.fake_anthropic import FakeAPI, Outcome, client_for
 from tests.support.running import eventually, running, settings_for

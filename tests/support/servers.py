@@ -23,6 +23,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -95,8 +96,11 @@ class RedisServer:
     """A redis-server on a free loopback port; `crash()` is SIGKILL, `start()` restarts it
     on the same port and directory (with AOF, what was written survives the crash)."""
 
-    def __init__(self, *, appendonly: bool, workdir: Path | None = None) -> None:
+    def __init__(
+        self, *, appendonly: bool, workdir: Path | None = None, extra: Sequence[str] = ()
+    ) -> None:
         self.appendonly = appendonly
+        self.extra = list(extra)  # more redis-server options (a cluster node's)
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="contextlog-redis-"))
         self._own_dir = workdir is None
         self.port = free_port()
@@ -123,6 +127,7 @@ class RedisServer:
             # Every write on disk before the reply: a SIGKILL loses nothing acknowledged.
             "--appendfsync", "always",
             "--logfile", str(self.dir / "redis.log"),
+            *self.extra,
         ]  # fmt: skip
 
     def start(self) -> RedisServer:
@@ -169,25 +174,33 @@ class PostgresCluster:
     the OS still holds every write and crash recovery replays the WAL as in production.
     """
 
-    def __init__(self, datadir: Path, port: int, user: str | None) -> None:
+    def __init__(
+        self, datadir: Path, port: int, user: str | None, settings: tuple[str, ...] = ()
+    ) -> None:
         self.datadir = datadir
         self.port = port
         self.user = user
+        self.settings = settings  # extra `-c name=value` server settings
         self.bindir = postgres_bindir()
         self.url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
 
     @classmethod
-    def start_new(cls) -> PostgresCluster:
+    def start_new(cls, settings: tuple[str, ...] = ()) -> PostgresCluster:
         """initdb a cluster in a new temporary directory and start it."""
+        cluster = cls.new_dir(settings)
+        cluster.run("initdb", "-D", str(cluster.datadir), "-U", "postgres", "--auth=trust",
+                     "--no-sync", "--encoding=UTF8", "--locale=C.UTF-8")  # fmt: skip
+        return cluster.start()
+
+    @classmethod
+    def new_dir(cls, settings: tuple[str, ...] = ()) -> PostgresCluster:
+        """A cluster (not created yet) in a new temporary directory, on a free port."""
         user = _postgres_user()
         base = Path(tempfile.mkdtemp(prefix="contextlog-pg-"))
         if user is not None:
             entry = pwd.getpwnam(user)
             os.chown(base, entry.pw_uid, entry.pw_gid)
-        cluster = cls(base / "data", free_port(), user)
-        cluster._run("initdb", "-D", str(cluster.datadir), "-U", "postgres", "--auth=trust",
-                     "--no-sync", "--encoding=UTF8", "--locale=C.UTF-8")  # fmt: skip
-        return cluster.start()
+        return cls(base / "data", free_port(), user, settings)
 
     def __enter__(self) -> PostgresCluster:
         return self
@@ -197,7 +210,8 @@ class PostgresCluster:
     ) -> None:
         self.close()
 
-    def _run(self, tool: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def run(self, tool: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run one of the Postgres binaries (as the server's OS user)."""
         argv = [str(self.bindir / tool), *args]
         if self.user is not None:
             argv = ["runuser", "-u", self.user, "--", *argv]
@@ -219,16 +233,17 @@ class PostgresCluster:
                 "-c full_page_writes=off",
                 "-c max_connections=200",
                 "-c shared_buffers=64MB",
+                *(f"-c {setting}" for setting in self.settings),
             ]
         )
         log = str(self.datadir / "server.log")
-        self._run("pg_ctl", "start", "-w", "-t", str(int(START_TIMEOUT_S)), "-D",
+        self.run("pg_ctl", "start", "-w", "-t", str(int(START_TIMEOUT_S)), "-D",
                   str(self.datadir), "-l", log, "-o", options)  # fmt: skip
         return self
 
     def crash(self) -> None:
         """`pg_ctl stop -m immediate`: every backend dies, no checkpoint, recovery on start."""
-        self._run("pg_ctl", "stop", "-w", "-m", "immediate", "-D", str(self.datadir))
+        self.run("pg_ctl", "stop", "-w", "-m", "immediate", "-D", str(self.datadir))
 
     def running(self) -> bool:
         """Whether the server takes connections."""
@@ -240,5 +255,5 @@ class PostgresCluster:
 
     def close(self) -> None:
         """Stop the server and remove the cluster."""
-        self._run("pg_ctl", "stop", "-w", "-m", "immediate", "-D", str(self.datadir), check=False)
+        self.run("pg_ctl", "stop", "-w", "-m", "immediate", "-D", str(self.datadir), check=False)
         shutil.rmtree(self.datadir.parent, ignore_errors=True)

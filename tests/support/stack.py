@@ -31,10 +31,12 @@ import redis
 from contextlog.producers import Producer
 from contextlog.schema import keys
 from contextlog.schema.errors import Unavailable
+from contextlog.worker import deadletters
 from tests.support.processes import Process, offline_env
 from tests.support.servers import PostgresCluster, RedisServer
 
 SHARDS = 4
+LETTERS_MAX = 100_000
 LOAD_AGENT = "load"
 STALL_S = 30.0  # a log that stops growing short of its target fails this soon
 PUSH_RETRY_S = 60.0  # how long the load keeps retrying a batch through an outage
@@ -149,8 +151,7 @@ class Stack:
     def dead_letters(self) -> dict[tuple[str, str], dict[bytes, bytes]]:
         """Every dead letter, by (stream, entry id) of the entry it came from."""
         out = {}
-        letters: list[tuple[bytes, dict[bytes, bytes]]] = self.client.xrange(keys.DEAD_LETTERS)  # type: ignore[assignment]
-        for _, fields in letters:
+        for _, fields in deadletters.newest(self.client, SHARDS, LETTERS_MAX):
             where = (fields[b"stream"].decode(), fields[b"entry_id"].decode())
             out[where] = fields
         return out

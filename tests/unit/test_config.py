@@ -33,10 +33,22 @@ def test_values_are_parsed() -> None:
     assert (s.consumer, s.log_format) == ("ingest-1", "console")
 
 
+def test_readers_built_from_settings_use_the_replica() -> None:
+    url = "postgresql://u@replica/db"
+    env = {"CONTEXTLOG_REPLICA_URL": url, "CONTEXTLOG_REPLICA_MAX_LAG": "2"}
+    options = Settings.from_env({**env, "CONTEXTLOG_REPLICA_WAIT": "0.1"}).reader_options()
+    assert (options["replica_url"], options["max_replica_lag"], options["replica_wait"]) == (
+        url,
+        2.0,
+        0.1,
+    )
+    assert Settings.from_env({}).reader_options()["replica_url"] is None
+
+
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
-        ("REDIS_URL", "localhost", "REDIS_URL is not a redis:// or unix:// URL: 'localhost'"),
+        ("REDIS_URL", "localhost", "REDIS_URL is not a redis://, redis+cluster:// or unix://"),
         ("DATABASE_URL", "mysql://x", "DATABASE_URL is not a postgresql:// URL"),
         ("CONTEXTLOG_BATCH_SIZE", "lots", "CONTEXTLOG_BATCH_SIZE is not a whole number"),
         ("CONTEXTLOG_BATCH_SIZE", "0", "CONTEXTLOG_BATCH_SIZE must be between"),
@@ -48,6 +60,9 @@ def test_values_are_parsed() -> None:
         ("REDIS_URL", "redis://127.0.0.1:6379?db=x", "REDIS_URL names database 'x'"),
         ("REDIS_URL", "unix:///tmp/r.sock?db=1a", "REDIS_URL names database '1a'"),
         ("REDIS_URL", "redis://127.0.0.1:port/1", "REDIS_URL has a port that is not a number"),
+        ("CONTEXTLOG_REPLICA_URL", "replica:5432", "CONTEXTLOG_REPLICA_URL is not a postgresql"),
+        ("CONTEXTLOG_REPLICA_MAX_LAG", "-1", "CONTEXTLOG_REPLICA_MAX_LAG must be between"),
+        ("CONTEXTLOG_REPLICA_WAIT", "soon", "CONTEXTLOG_REPLICA_WAIT is not a number"),
     ],
 )
 def test_bad_value_names_the_variable(name: str, value: str, message: str) -> None:
@@ -69,3 +84,33 @@ def test_bad_value_names_the_variable(name: str, value: str, message: str) -> No
 )
 def test_redis_urls_with_a_database_number_or_none_are_accepted(url: str) -> None:
     assert Settings.from_env({"REDIS_URL": url}).redis_url == url
+
+
+def test_queue_redis_defaults_to_redis_url() -> None:
+    s = Settings.from_env({"REDIS_URL": "redis://h:6379/3"})
+    assert s.queue_redis_url == "redis://h:6379/3"
+
+
+def test_a_cluster_needs_its_own_queue_redis() -> None:
+    env = {"REDIS_URL": "redis+cluster://h:7000"}
+    with pytest.raises(ConfigError, match="set CONTEXTLOG_QUEUE_REDIS_URL to a standalone"):
+        Settings.from_env(env)
+    s = Settings.from_env({**env, "CONTEXTLOG_QUEUE_REDIS_URL": "redis://q:6379/2"})
+    assert (s.redis_url, s.queue_redis_url) == ("redis+cluster://h:7000", "redis://q:6379/2")
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"REDIS_URL": "redis+cluster://h:7000/2"}, "a Redis Cluster has database 0 only"),
+        ({"REDIS_URL": "redis+cluster://h:port"}, "REDIS_URL has a port that is not a number"),
+        (
+            {"CONTEXTLOG_QUEUE_REDIS_URL": "redis+cluster://h:7000"},
+            "CONTEXTLOG_QUEUE_REDIS_URL must be a standalone Redis",
+        ),
+        ({"CONTEXTLOG_QUEUE_REDIS_URL": "redis://h/x"}, "CONTEXTLOG_QUEUE_REDIS_URL names"),
+    ],
+)
+def test_bad_cluster_urls_are_refused(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Settings.from_env(env)

@@ -16,6 +16,7 @@ from contextlog.producers import Producer
 from contextlog.schema import codec, keys
 from contextlog.schema import events as ev
 from contextlog.schema.errors import ShardBusy, Unavailable
+from contextlog.worker import deadletters
 from contextlog.worker.clock import FakeClock
 from contextlog.worker.config import Settings
 from contextlog.worker.eventlog import Accepted, MemoryEventLog
@@ -79,7 +80,7 @@ class Harness:
         return total
 
     def dead(self) -> list[dict[bytes, bytes]]:
-        return [f for _, f in self.redis.xrange(keys.DEAD_LETTERS)]
+        return [f for _, f in reversed(deadletters.newest(self.redis, SHARDS, 10_000))]
 
     def raw_entry(
         self, fields: dict[bytes, bytes], agent: str = "alpha", channel: str = "general"
@@ -122,7 +123,7 @@ def test_bad_entries_go_to_dead_letters_and_the_good_ones_around_them_are_stored
     assert dead[0][b"orig:e"] == b"{broken"  # the original fields are kept
     assert dead[2][b"orig:other"] == b"field"
     assert dead[0][b"stream"] == keys.stream(keys.shard_of("alpha", "general", SHARDS)).encode()
-    assert h.redis.hgetall(keys.STATS) == {
+    assert h.redis.hgetall(keys.stats(keys.shard_of("alpha", "general", SHARDS))) == {
         b"dead:malformed": b"2",
         b"dead:unknown_type": b"1",
         b"dead:oversized": b"1",
