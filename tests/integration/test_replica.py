@@ -15,7 +15,7 @@ from contextlog.producers.context import Context
 from contextlog.producers.replica import POLL_SECONDS, RETRY_SECONDS
 from contextlog.schema.defaults import ConversationDefaults
 from tests.support.replica import ReplicaPair
-from tests.support.running import running, settings_for
+from tests.support.running import eventually, running, settings_for
 from tests.support.servers import free_port
 
 pytestmark = pytest.mark.timeout(120)
@@ -67,10 +67,21 @@ def exchange(producer: Producer, text: str) -> str:
     return producer.post_message("alpha", "general", "assistant", f"re: {text}")
 
 
-def on_replica(pair: ReplicaPair, event_id: str) -> bool:
-    with psycopg.connect(pair.replica_url) as conn:
+def has_event(url: str, event_id: str) -> bool:
+    with psycopg.connect(url) as conn:
         row = conn.execute("SELECT count(*) FROM events WHERE event_id = %s", (event_id,))
         return bool(row.fetchone() == (1,))
+
+
+def on_replica(pair: ReplicaPair, event_id: str) -> bool:
+    return has_event(pair.replica_url, event_id)
+
+
+def stored_exchange(pair: ReplicaPair, producer: Producer, text: str) -> None:
+    """`exchange`, waited for on the primary (ingest stops when its `running` block ends,
+    whatever is still on the stream)."""
+    eid = exchange(producer, text)
+    eventually(lambda: has_event(pair.url, eid), 10, "the exchange on the primary")
 
 
 def test_wait_for_reads_on_the_replica_once_it_has_replayed_the_event(
@@ -175,7 +186,7 @@ def test_a_primary_that_is_down_leaves_plain_reads_to_the_replica(
     replicated: ReplicaPair, redis_url: str, producer: Producer
 ) -> None:
     with running(settings_for(replicated.url, redis_url)):
-        exchange(producer, "stored")
+        stored_exchange(replicated, producer, "stored")
     replicated.caught_up()
     nobody = f"postgresql://postgres@127.0.0.1:{free_port()}/{replicated.url.rsplit('/', 1)[1]}"
     reader = ContextReader.from_url(
@@ -192,7 +203,7 @@ def test_an_unreachable_replica_url_leaves_reads_to_the_primary(
     replicated: ReplicaPair, redis_url: str, producer: Producer
 ) -> None:
     with running(settings_for(replicated.url, redis_url)):
-        exchange(producer, "stored")
+        stored_exchange(replicated, producer, "stored")
     dead = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"
     reader = ContextReader.from_url(replicated.url, replica_url=dead, timer=FakeTimer())
     try:
