@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -165,6 +167,10 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+# A read without a tail hint (see `Tails`): the whole window is summed.
+NO_HINT: dict[str, Any] = {"hint_key": None, "hint_seq": None, "hint_id": None, "hint_before": None}
+
+
 def window_params(
     agent: str,
     channel: str,
@@ -175,7 +181,8 @@ def window_params(
     bounded: bool = False,
 ) -> dict[str, Any]:
     """Parameters of `window_messages`; `bounded`: fetch only the rows the budget's
-    coarse trim keeps (the reader), not the whole window (compaction)."""
+    coarse trim keeps (the reader), not the whole window (compaction). No tail hint:
+    `Tails.hint` adds one."""
     return {
         "agent": agent,
         "channel": channel,
@@ -184,7 +191,48 @@ def window_params(
         "default_window": defaults.rolling_window,
         "default_budget": defaults.token_budget,
         "bounded": bounded,
+        **NO_HINT,
     }
+
+
+class Tails:
+    """Where each thread's last read started, so the next one reads from there (the
+    `window_messages` tail hint): a read then costs the rows the budget keeps plus those
+    posted since, not the whole window. The query checks the hint against the window's
+    definition and ignores a stale one, so a hint is never wrong, only useless; the first
+    read of a thread by a process sums its whole window. Least recently read threads are
+    forgotten past `size`."""
+
+    def __init__(self, size: int = 10_000) -> None:
+        self.size = size
+        self._last: OrderedDict[tuple[str, str, str], dict[str, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def hint(self, params: dict[str, Any]) -> dict[str, Any]:
+        """`params` with the thread's hint, if there is one."""
+        key = (params["agent"], params["channel"], params["thread"])
+        with self._lock:
+            got = self._last.get(key)
+        return params if got is None else {**params, **got}
+
+    def learn(self, params: dict[str, Any], rows: Sequence[tuple[Any, ...]]) -> None:
+        """Remember the first row a read returned: its seq, event id and `before`, and
+        the window's key."""
+        if not rows:
+            return
+        key = (params["agent"], params["channel"], params["thread"])
+        seq, before, wkey, event_id = rows[0][0], rows[0][5], rows[0][6], rows[0][7]
+        hint = {"hint_key": wkey, "hint_seq": seq, "hint_id": event_id, "hint_before": before}
+        with self._lock:
+            self._last[key] = hint
+            self._last.move_to_end(key)
+            while len(self._last) > self.size:
+                self._last.popitem(last=False)
+
+
+def _whole(params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters that fetch the whole window: not cut, not from a hint."""
+    return {**params, "bounded": False, **NO_HINT}
 
 
 def send_window(conn: Any, params: dict[str, Any]) -> Callable[[], Parts]:
@@ -198,7 +246,7 @@ def send_window(conn: Any, params: dict[str, Any]) -> Callable[[], Parts]:
         state = _state(state_cur.fetchone())
         rows, threads = rows_cur.fetchall(), threads_cur.fetchall()
         if not complete(rows):  # the bounded fetch holds no turn to start at
-            rows = conn.execute(query("window_messages"), {**params, "bounded": False}).fetchall()
+            rows = conn.execute(query("window_messages"), _whole(params)).fetchall()
         return state, rows, threads
 
     return collect
@@ -222,7 +270,7 @@ async def asend_window(conn: Any, params: dict[str, Any]) -> Callable[[], Awaita
         state = _state(await state_cur.fetchone())
         rows, threads = await rows_cur.fetchall(), await threads_cur.fetchall()
         if not complete(rows):
-            cur = await conn.execute(query("window_messages"), {**params, "bounded": False})
+            cur = await conn.execute(query("window_messages"), _whole(params))
             rows = await cur.fetchall()
         return state, rows, threads
 
@@ -251,6 +299,7 @@ class _Reader:
         self.defaults = defaults or ConversationDefaults.from_env(os.environ)
         self.clock = clock
         self.attachments = attachments.Cache()  # base64 of recently read attachments
+        self.tails = Tails()  # where each thread's last read started
         self.replica: Replica | AsyncReplica | None = None
 
     @property
@@ -259,8 +308,15 @@ class _Reader:
         reason (lagging, behind, down, error); empty without a replica."""
         return {} if self.replica is None else self.replica.routing.snapshot()
 
-    def _context(self, parts: Parts, now: dt.datetime) -> Context:
+    def _params(
+        self, agent: str, channel: str, thread: str | None, now: dt.datetime
+    ) -> dict[str, Any]:
+        params = window_params(agent, channel, thread, now, self.defaults, bounded=True)
+        return self.tails.hint(params)
+
+    def _context(self, params: dict[str, Any], parts: Parts, now: dt.datetime) -> Context:
         state, rows, threads = parts
+        self.tails.learn(params, rows)
         return assemble(state, plan(state, self.defaults, now), rows, threads)
 
 
@@ -324,7 +380,7 @@ class ContextReader(_Reader):
     ) -> Context:
         """The context of one thread (or the main line), valid for the Messages API."""
         now = now or self.clock()
-        params = window_params(agent, channel, thread, now, self.defaults, bounded=True)
+        params = self._params(agent, channel, thread, now)
         if self.replica is None:
             with self.connection() as conn:
                 if wait_for is None:
@@ -335,7 +391,8 @@ class ContextReader(_Reader):
                     )
                     assert waited[1] is not None
                     parts = waited[1]
-            return attachments.attach(self.connection, self._context(parts, now), self.attachments)
+            ctx = self._context(params, parts, now)
+            return attachments.attach(self.connection, ctx, self.attachments)
         lsn = None
         if wait_for is not None:  # on the primary: a standby cannot LISTEN
             with self.connection() as conn:
@@ -343,7 +400,7 @@ class ContextReader(_Reader):
                     0
                 ]
         got = self.replica.read(lambda conn: fetch_window(conn, params), lsn, self.connection)
-        ctx = replace(self._context(got.value, now), served_by=got.by)
+        ctx = replace(self._context(params, got.value, now), served_by=got.by)
         return attachments.attach(got.connect, ctx, self.attachments)
 
     def sessions(
@@ -486,7 +543,7 @@ class AsyncContextReader(_Reader):
         """The context of one thread (or the main line), valid for the Messages API."""
         if self.replica is None:
             now = now or self.clock()
-            params = window_params(agent, channel, thread, now, self.defaults, bounded=True)
+            params = self._params(agent, channel, thread, now)
             async with await self._aconn() as conn:
                 if wait_for is None:
                     parts = await afetch_window(conn, params)
@@ -495,7 +552,7 @@ class AsyncContextReader(_Reader):
                     waited = await self._wait(conn, wait_for, timeout, agent, channel, then)
                     assert waited[1] is not None
                     parts = waited[1]
-            ctx = self._context(parts, now)
+            ctx = self._context(params, parts, now)
             return await attachments.aattach(self._aconn, ctx, self.attachments)
         lsn = None
         if wait_for is not None:  # on the primary: a standby cannot LISTEN
@@ -506,9 +563,9 @@ class AsyncContextReader(_Reader):
                     )
                 )[0]
         now = now or self.clock()
-        params = window_params(agent, channel, thread, now, self.defaults, bounded=True)
+        params = self._params(agent, channel, thread, now)
         got = await self.replica.read(lambda conn: afetch_window(conn, params), lsn, self._aconn)
-        ctx = replace(self._context(got.value, now), served_by=got.by)
+        ctx = replace(self._context(params, got.value, now), served_by=got.by)
         return await attachments.aattach(got.connect, ctx, self.attachments)
 
     async def sessions(

@@ -127,16 +127,38 @@ WHERE c.agent = %(agent)s AND c.channel = %(channel)s;
 -- budget/2 chosen so the rest fits. The start moves only when the window grows by
 -- half a budget, so one trim serves many turns; only those rows are fetched and
 -- decoded (`bounded`), whatever the window's length.
+--
+-- The tail hint (issue 12.2: a read costs what the budget keeps, not what the window
+-- holds): a reader passes a row of its last read (`hint_seq`, its event id `hint_id`, its
+-- `hint_before`) and that read's `wkey` (the window's definition: edge, clear,
+-- compaction, restore). While
+-- `wkey` is unchanged, rows before `hint_seq` are the same rows (the log is append-only
+-- and seqs only grow), so the window's sums start from `hint_before` and only rows from
+-- `hint_seq` on are read, by the (agent, channel, seq) key. Any other `wkey`, or no hint:
+-- the whole window is summed. Either way the answer is the same.
 WITH c AS (
-    SELECT cleared_seq, restored_seqs, restored_at,
-           coalesce((SELECT compacted_through_seq FROM threads
-                     WHERE agent = %(agent)s AND channel = %(channel)s
-                       AND thread = %(thread)s), 0) AS compacted,
+    SELECT cleared_seq, restored_seqs, restored_at, cutoff, compacted,
            coalesce(token_budget, %(default_budget)s) AS budget,
            greatest(1, coalesce(token_budget, %(default_budget)s) / 2) AS step,
-           contextlog_window_start(
-               %(now)s, coalesce(rolling_window, %(default_window)s)) AS cutoff
-    FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s
+           concat_ws(' ', extract(epoch FROM cutoff)::bigint, cleared_seq, compacted,
+                     CASE WHEN restored_at >= cutoff THEN restored_at END) AS wkey
+    FROM (
+        SELECT cleared_seq, restored_seqs, restored_at, token_budget,
+               coalesce((SELECT compacted_through_seq FROM threads
+                         WHERE agent = %(agent)s AND channel = %(channel)s
+                           AND thread = %(thread)s), 0) AS compacted,
+               contextlog_window_start(
+                   %(now)s, coalesce(rolling_window, %(default_window)s)) AS cutoff
+        FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s
+    ) conv
+), h AS MATERIALIZED (
+    -- The hint's row must still be the event it named (`hint_id`): a log emptied and
+    -- written again (a conversation retired, then new) may reuse its seq and key.
+    SELECT e.seq, %(hint_before)s::bigint AS before
+    FROM c JOIN events e
+      ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq = %(hint_seq)s::bigint
+     AND e.event_id = %(hint_id)s::uuid
+    WHERE c.wkey = %(hint_key)s::text
 ), w AS (
     -- Positions and token counts only: the window's sums are taken over these, and
     -- the payload is read for the kept rows alone.
@@ -145,35 +167,51 @@ WITH c AS (
       ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.thread = %(thread)s
      AND e.kind = 'message.v1' AND e.occurred_at >= c.cutoff AND e.seq > c.cleared_seq
      AND e.seq > c.compacted
+    WHERE NOT EXISTS (SELECT FROM h)
     UNION ALL
     SELECT e.seq, e.tokens
     FROM c JOIN events e
       ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq = ANY(c.restored_seqs)
      AND e.thread = %(thread)s AND e.seq > c.compacted
-    WHERE c.restored_at >= c.cutoff
+    WHERE c.restored_at >= c.cutoff AND NOT EXISTS (SELECT FROM h)
+    UNION ALL
+    -- With a hint: the same two branches' rows from `hint_seq` on, by the seq key (the
+    -- fence, OFFSET 0, keeps the thread's other conditions out of the index choice).
+    SELECT e.seq, e.tokens
+    FROM c CROSS JOIN (
+        SELECT e.seq, e.tokens, e.thread, e.kind, e.occurred_at FROM events e
+        WHERE e.agent = %(agent)s AND e.channel = %(channel)s
+          AND e.seq >= (SELECT seq FROM h)
+        OFFSET 0
+    ) e
+    WHERE e.thread = %(thread)s AND e.kind = 'message.v1' AND e.seq > c.compacted
+      AND ((e.occurred_at >= c.cutoff AND e.seq > c.cleared_seq)
+           OR (c.restored_at >= c.cutoff AND e.seq = ANY(c.restored_seqs)))
 ), cut AS MATERIALIZED (
     -- Where the kept part starts, in tokens of the window ahead of it: 0, or the
     -- smallest multiple of the step that leaves at most the budget.
     -- The newest row is always fetched: an empty answer means an empty window.
     SELECT t.total, t.last, CASE WHEN NOT %(bounded)s OR t.total <= c.budget THEN 0
                          ELSE (t.total - c.budget + c.step - 1) / c.step * c.step END AS at
-    FROM (SELECT coalesce(sum(tokens), 0) AS total, max(seq) AS last FROM w) t, c
+    FROM (SELECT coalesce((SELECT before FROM h), 0) + coalesce(sum(tokens), 0) AS total,
+                 max(seq) AS last FROM w) t, c
 ), k AS MATERIALIZED (
     SELECT s.seq, s.before
     FROM (SELECT w.seq,
-                 sum(w.tokens) OVER (ORDER BY w.seq ROWS UNBOUNDED PRECEDING) - w.tokens
+                 coalesce((SELECT before FROM h), 0)
+                 + sum(w.tokens) OVER (ORDER BY w.seq ROWS UNBOUNDED PRECEDING) - w.tokens
                      AS before
           FROM w) s, cut
     WHERE s.before >= cut.at OR s.seq = cut.last
 )
 SELECT k.seq, e.occurred_at, e.tokens, e.payload->>'role', e.payload->'content',
-       k.before::bigint
+       k.before::bigint, c.wkey, e.event_id
 -- One lookup by key per kept row, whatever the planner estimates (LIMIT keeps the
 -- subquery from being flattened into a join; MATERIALIZED above for the same reason:
 -- a fresh table has no statistics, and a plan that joins first reads every payload of
 -- the window, or sums the window once per row).
-FROM k CROSS JOIN LATERAL (
-    SELECT e.occurred_at, e.tokens, e.payload FROM events e
+FROM k CROSS JOIN c CROSS JOIN LATERAL (
+    SELECT e.occurred_at, e.tokens, e.payload, e.event_id FROM events e
     WHERE e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq = k.seq LIMIT 1
 ) e
 ORDER BY 1;

@@ -18,9 +18,10 @@ from contextlog.producers.reader import rolling_cutoff, stored, window_params
 from contextlog.schema import events as ev
 from contextlog.schema.defaults import ConversationDefaults
 from contextlog.schema.queries import query
-from tests.integration.test_context import HOUR, NOW, Log, client, log, reader, result
+from tests.integration.test_context import HOUR, NOW, Log, client, log, reader, result, texts
 from tests.support.anthropic_rules import check_messages, check_params
 from tests.support.blocks import thinking, use
+from tests.support.services import truncate
 
 __all__ = ["log", "reader"]  # fixtures
 MINUTE = dt.timedelta(minutes=1)
@@ -150,3 +151,92 @@ def test_a_newest_exchange_over_the_budget_is_still_read_whole(db: str, log: Log
         assert ctx.messages[0]["content"] == [{"type": "text", "text": "big question"}]
         assert check_messages(ctx.messages, thinking=True) == [] and ctx.truncated
     r.close()
+
+
+def fresh_context(db: str, now: dt.datetime, thread: str | None = None) -> Any:
+    """The context a reader with no tail hints reads (it sums the whole window)."""
+    r = ContextReader.from_url(db, defaults=ConversationDefaults(token_budget=3_000))
+    try:
+        return r.context("alpha", "general", thread, now=now)
+    finally:
+        r.close()
+
+
+def test_reads_from_the_tail_hint_equal_reads_of_the_whole_window(db: str, log: Log) -> None:
+    """One reader, reading every turn from where its last read started, against a reader
+    with no hints, while the window grows past the budget, its edge moves, a clear, a
+    restore and a second thread come and go; and after the log is emptied and written
+    again with the same seqs (a stale hint whose window key still matches)."""
+    hinted = ContextReader.from_url(db, defaults=ConversationDefaults(token_budget=3_000))
+    start = NOW - 30 * HOUR
+    for i in range(200):
+        at = start + i * 9 * MINUTE
+        turn(log, i, at, thread="other" if i % 7 == 0 else None)
+        if i == 120:
+            log.add(ev.SessionSaveRequested, at, description="first part")
+            log.add(ev.ContextCleared, at)
+        if i == 150:
+            log.add(ev.SessionRestoreRequested, at, session_id="last")
+        for thread in (None, "other"):
+            got = hinted.context("alpha", "general", thread, now=at + MINUTE)
+            assert got == fresh_context(db, at + MINUTE, thread), (i, thread)
+    assert len(hinted.tails._last) == 2
+    hinted.close()
+
+
+def test_a_stale_hint_for_a_log_written_again_is_ignored(db: str, log: Log) -> None:
+    """The log emptied and written again (a conversation retired, then new): the same
+    window key and seqs, other events. The hint names its event, so it is not used."""
+    r = ContextReader.from_url(db, defaults=ConversationDefaults(token_budget=3_000))
+    for i in range(60):
+        turn(log, i, NOW - 50 * MINUTE)
+    r.context("alpha", "general", now=NOW)
+    hint = r.tails.hint(window_params("alpha", "general", None, NOW, r.defaults))
+    truncate(db)
+    for i in range(200):  # more rows, longer ones: every seq has another `before`
+        log.say("user" if i % 2 == 0 else "assistant", f"new {i} " + "words " * 60, NOW)
+    again = r.tails.hint(window_params("alpha", "general", None, NOW, r.defaults))
+    assert again["hint_seq"] == hint["hint_seq"] is not None
+    got = r.context("alpha", "general", now=NOW)
+    r.close()
+    assert got == fresh_context(db, NOW)
+    assert texts(got)[-1].startswith("new 199") and got.token_estimate <= 3_000
+
+
+def events_rows_scanned(conn: psycopg.Connection[Any], params: dict[str, Any]) -> int:
+    """Rows the window query's scans of `events` returned (EXPLAIN ANALYZE, all nodes)."""
+    row = conn.execute(
+        "EXPLAIN (ANALYZE, FORMAT JSON) " + query("window_messages"), params
+    ).fetchone()
+    assert row is not None
+
+    def walk(node: dict[str, Any]) -> int:
+        own = 0
+        if str(node.get("Relation Name", "")).startswith("events"):
+            own = int(node["Actual Rows"]) * int(node["Actual Loops"])
+        return own + sum(walk(child) for child in node.get("Plans", []))
+
+    return walk(row[0][0]["Plan"])
+
+
+def test_a_hinted_read_reads_what_the_budget_keeps_not_the_window(db: str, log: Log) -> None:
+    """A 2,000-message window at a budget that keeps ~60 of them: without a hint the read
+    visits every message's index entry; from the last read's hint, only the kept tail."""
+    for i in range(1_000):
+        at = NOW - dt.timedelta(seconds=2_000 - 2 * i)
+        log.say("user", f"question {i} " + "words " * 40, at)
+        log.say("assistant", f"answer {i} " + "words " * 40, at)
+    r = ContextReader.from_url(db, defaults=ConversationDefaults(token_budget=3_000))
+    first = r.context("alpha", "general", now=NOW)  # learns the hint
+    params = r.tails.hint(window_params("alpha", "general", None, NOW, r.defaults, bounded=True))
+    r.close()
+    assert params["hint_seq"] is not None
+    plain = {**params, "hint_key": None, "hint_seq": None, "hint_id": None, "hint_before": None}
+    with psycopg.connect(db) as conn:
+        whole = conn.execute(query("window_messages"), plain).fetchall()
+        tail = conn.execute(query("window_messages"), params).fetchall()
+        summed, tailed = events_rows_scanned(conn, plain), events_rows_scanned(conn, params)
+    assert [row[:6] for row in tail] == [row[:6] for row in whole]
+    assert len(whole) < 80 and summed >= 2_000
+    assert tailed <= 3 * len(whole), (tailed, len(whole))
+    assert stored(tail) == stored(whole) and first.truncated
