@@ -131,16 +131,18 @@ WHERE c.agent = %(agent)s AND c.channel = %(channel)s;
 -- The tail hint (issue 12.2: a read costs what the budget keeps, not what the window
 -- holds): a reader passes a row of its last read (`hint_seq`, its event id `hint_id`, its
 -- `hint_before`) and that read's `wkey` (the window's definition: edge, clear,
--- compaction, restore). While
--- `wkey` is unchanged, rows before `hint_seq` are the same rows (the log is append-only
--- and seqs only grow), so the window's sums start from `hint_before` and only rows from
--- `hint_seq` on are read, by the (agent, channel, seq) key. Any other `wkey`, or no hint:
--- the whole window is summed. Either way the answer is the same.
+-- compaction, restore; and the budget, whose growth moves the kept part's start back).
+-- While `wkey` is unchanged, rows before `hint_seq` are the same rows (the log is
+-- append-only and seqs only grow) and the kept part starts at or after it, so the
+-- window's sums start from `hint_before` and only rows from `hint_seq` on are read, by
+-- the (agent, channel, seq) key. Any other `wkey`, or no hint: the whole window is
+-- summed. Either way the answer is the same.
 WITH c AS (
     SELECT cleared_seq, restored_seqs, restored_at, cutoff, compacted,
            coalesce(token_budget, %(default_budget)s) AS budget,
            greatest(1, coalesce(token_budget, %(default_budget)s) / 2) AS step,
            concat_ws(' ', extract(epoch FROM cutoff)::bigint, cleared_seq, compacted,
+                     coalesce(token_budget, %(default_budget)s),
                      CASE WHEN restored_at >= cutoff THEN restored_at END) AS wkey
     FROM (
         SELECT cleared_seq, restored_seqs, restored_at, token_budget,
