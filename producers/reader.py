@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -36,6 +34,7 @@ from contextlog.producers.replica import (
     Replica,
     Timer,
 )
+from contextlog.producers.tails import NO_HINT, Known, Row, Tails, fill
 from contextlog.schema.defaults import ConversationDefaults
 from contextlog.schema.errors import NotVisible, Unavailable
 from contextlog.schema.queries import query
@@ -44,7 +43,8 @@ from contextlog.schema.queries import query
 # re-checks at least this often, should a notification not come (an older ingest, a lost one).
 POLL_SECONDS = 0.05
 T = TypeVar("T")
-Parts = tuple["ConversationState | None", list[tuple[Any, ...]], list[tuple[Any, ...]]]
+Parts = tuple["ConversationState | None", list[Row], list[tuple[Any, ...]]]
+_content = msgspec.json.Decoder()  # a window row's content, sent as JSON text
 
 
 @dataclass(frozen=True)
@@ -117,9 +117,10 @@ def preamble(
     return "\n\n".join(parts) or None
 
 
-def stored(rows: Sequence[tuple[Any, ...]]) -> list[StoredMessage]:
-    """Window rows (seq, occurred_at, tokens, role, content, ...) as messages."""
-    return [StoredMessage(r[0], r[3], r[4], r[2], r[1]) for r in rows]
+def stored(rows: Sequence[Row]) -> list[StoredMessage]:
+    """Window rows (seq, occurred_at, tokens, role, content as JSON text, ...) as messages,
+    decoded afresh: no two reads share a block."""
+    return [StoredMessage(r[0], r[3], _content.decode(r[4]), r[2], r[1]) for r in rows]
 
 
 def assemble(
@@ -141,20 +142,33 @@ def assemble(
     )
 
 
-def complete(rows: Sequence[tuple[Any, ...]]) -> bool:
+def complete(rows: Sequence[Row] | None) -> bool:
     """Whether the bounded fetch holds a turn to start at (a user message answering no
     tool call); if not (the newest exchange alone passes the coarse cut, or a tool
-    cycle spans it), the reader fetches the whole window instead: rare, and correct."""
-    return not rows or any(clean_start(r[3], r[4]) for r in rows)
+    cycle spans it), the reader fetches the whole window instead: rare, and correct.
+    None (a known row the reader no longer holds) is not complete either."""
+    if rows is None:
+        return False
+    return not rows or any(
+        r[3] == "user" and clean_start(r[3], _content.decode(r[4])) for r in rows
+    )
 
 
 def _state(row: tuple[Any, ...] | None) -> ConversationState | None:
     return None if row is None else ConversationState(*row)
 
 
+# psycopg prepares a statement run 5 times; Postgres would still plan the window query
+# afresh for each read (its estimates favour custom plans), ~0.6 ms of a ~1.5 ms read.
+# The query fixes its own plan's shape (MATERIALIZED, OFFSET 0, LIMIT 1), so the plan
+# made once per connection serves every read.
+_ONE_PLAN = "SET plan_cache_mode = force_generic_plan"
+
+
 def _configure(conn: Any) -> None:
     # jsonb content decoded by msgspec: several times faster than the json module.
     psycopg.types.json.set_json_loads(msgspec.json.decode, conn)
+    conn.execute(_ONE_PLAN)
 
 
 def _not_visible(event_id: str, timeout: float) -> NotVisible:
@@ -165,10 +179,6 @@ def _not_visible(event_id: str, timeout: float) -> NotVisible:
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-# A read without a tail hint (see `Tails`): the whole window is summed.
-NO_HINT: dict[str, Any] = {"hint_key": None, "hint_seq": None, "hint_id": None, "hint_before": None}
 
 
 def window_params(
@@ -182,7 +192,7 @@ def window_params(
 ) -> dict[str, Any]:
     """Parameters of `window_messages`; `bounded`: fetch only the rows the budget's
     coarse trim keeps (the reader), not the whole window (compaction). No tail hint:
-    `Tails.hint` adds one."""
+    `Tails.hint` adds one (producers/tails.py)."""
     return {
         "agent": agent,
         "channel": channel,
@@ -195,72 +205,32 @@ def window_params(
     }
 
 
-class Tails:
-    """Where each thread's last read started, so the next one reads from there (the
-    `window_messages` tail hint): a read then costs the rows the budget keeps plus those
-    posted since, not the whole window. The query checks the hint against the window's
-    definition and ignores a stale one, so a hint is never wrong, only useless; the first
-    read of a thread by a process sums its whole window. Least recently read threads are
-    forgotten past `size`."""
-
-    def __init__(self, size: int = 10_000) -> None:
-        self.size = size
-        self._last: OrderedDict[tuple[str, str, str], dict[str, Any]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def hint(self, params: dict[str, Any]) -> dict[str, Any]:
-        """`params` with the thread's hint, if there is one."""
-        key = (params["agent"], params["channel"], params["thread"])
-        with self._lock:
-            got = self._last.get(key)
-        return params if got is None else {**params, **got}
-
-    def learn(self, params: dict[str, Any], rows: Sequence[tuple[Any, ...]]) -> None:
-        """Remember the first row a read returned: its seq, event id and `before`, and
-        the window's key."""
-        if not rows:
-            return
-        key = (params["agent"], params["channel"], params["thread"])
-        seq, before, wkey, event_id = rows[0][0], rows[0][5], rows[0][6], rows[0][7]
-        hint = {"hint_key": wkey, "hint_seq": seq, "hint_id": event_id, "hint_before": before}
-        with self._lock:
-            self._last[key] = hint
-            self._last.move_to_end(key)
-            while len(self._last) > self.size:
-                self._last.popitem(last=False)
-
-
 def _whole(params: dict[str, Any]) -> dict[str, Any]:
     """The parameters that fetch the whole window: not cut, not from a hint."""
     return {**params, "bounded": False, **NO_HINT}
 
 
-def send_window(conn: Any, params: dict[str, Any]) -> Callable[[], Parts]:
+def send_window(conn: Any, params: dict[str, Any], known: Known) -> Callable[[], Parts]:
     """Send the three reads of a context (on a connection in pipeline mode, they travel
-    with whatever else is queued); returns how to collect them."""
+    with whatever else is queued); returns how to collect them. `known`: the rows of the
+    thread's last read (`Tails.hint`), which come back without their payload."""
     state_cur = conn.execute(query("conversation_state"), params)
     rows_cur = conn.cursor().execute(query("window_messages"), params)
     threads_cur = conn.cursor().execute(query("active_threads"), params)
 
     def collect() -> Parts:
         state = _state(state_cur.fetchone())
-        rows, threads = rows_cur.fetchall(), threads_cur.fetchall()
-        if not complete(rows):  # the bounded fetch holds no turn to start at
+        rows, threads = fill(rows_cur.fetchall(), known), threads_cur.fetchall()
+        if rows is None or not complete(rows):  # no turn to start at in the bounded fetch
             rows = conn.execute(query("window_messages"), _whole(params)).fetchall()
         return state, rows, threads
 
     return collect
 
 
-def fetch_window(conn: Any, params: dict[str, Any]) -> Parts:
-    """The conversation's state, window rows and other threads: one round trip (pipeline
-    mode), a second one only when the bounded fetch holds no turn to start at."""
-    with conn.pipeline():
-        collect = send_window(conn, params)
-    return collect()
-
-
-async def asend_window(conn: Any, params: dict[str, Any]) -> Callable[[], Awaitable[Parts]]:
+async def asend_window(
+    conn: Any, params: dict[str, Any], known: Known
+) -> Callable[[], Awaitable[Parts]]:
     """`send_window` on an asyncio connection."""
     state_cur = await conn.execute(query("conversation_state"), params)
     rows_cur = await conn.cursor().execute(query("window_messages"), params)
@@ -268,8 +238,8 @@ async def asend_window(conn: Any, params: dict[str, Any]) -> Callable[[], Awaita
 
     async def collect() -> Parts:
         state = _state(await state_cur.fetchone())
-        rows, threads = await rows_cur.fetchall(), await threads_cur.fetchall()
-        if not complete(rows):
+        rows, threads = fill(await rows_cur.fetchall(), known), await threads_cur.fetchall()
+        if rows is None or not complete(rows):
             cur = await conn.execute(query("window_messages"), _whole(params))
             rows = await cur.fetchall()
         return state, rows, threads
@@ -277,11 +247,52 @@ async def asend_window(conn: Any, params: dict[str, Any]) -> Callable[[], Awaita
     return collect
 
 
-async def afetch_window(conn: Any, params: dict[str, Any]) -> Parts:
-    """`fetch_window` on an asyncio connection."""
-    async with conn.pipeline():
-        collect = await asend_window(conn, params)
-    return await collect()
+class ThreadRead:
+    """One context read of a thread at `now`: its parameters are taken from the tails
+    when it is sent (a read sent twice, as `wait_for` may, uses what the first learned),
+    and what it returned is learned when it is collected."""
+
+    def __init__(self, tails: Tails, params: dict[str, Any]) -> None:
+        self.tails = tails
+        self.params = params  # without a hint
+
+    def send(self, conn: Any) -> Callable[[], Parts]:
+        """`send_window` with the thread's hint and known rows."""
+        params, known = self.tails.hint(self.params)
+        collect = send_window(conn, params, known)
+
+        def learned() -> Parts:
+            parts = collect()
+            self.tails.learn(self.params, parts[1])
+            return parts
+
+        return learned
+
+    def fetch(self, conn: Any) -> Parts:
+        """The conversation's state, window rows and other threads: one round trip
+        (pipeline mode), a second one only when the bounded fetch holds no turn to
+        start at."""
+        with conn.pipeline():
+            collect = self.send(conn)
+        return collect()
+
+    async def asend(self, conn: Any) -> Callable[[], Awaitable[Parts]]:
+        """`send` on an asyncio connection."""
+        params, known = self.tails.hint(self.params)
+        collect = await asend_window(conn, params, known)
+
+        async def learned() -> Parts:
+            parts = await collect()
+            self.tails.learn(self.params, parts[1])
+            return parts
+
+        return learned
+
+    async def afetch(self, conn: Any) -> Parts:
+        """`fetch` on an asyncio connection."""
+        async with conn.pipeline():
+            collect = await self.asend(conn)
+        return await collect()
 
 
 def _policy(max_replica_lag: float, replica_wait: float) -> Policy:
@@ -308,15 +319,14 @@ class _Reader:
         reason (lagging, behind, down, error); empty without a replica."""
         return {} if self.replica is None else self.replica.routing.snapshot()
 
-    def _params(
+    def _thread_read(
         self, agent: str, channel: str, thread: str | None, now: dt.datetime
-    ) -> dict[str, Any]:
+    ) -> ThreadRead:
         params = window_params(agent, channel, thread, now, self.defaults, bounded=True)
-        return self.tails.hint(params)
+        return ThreadRead(self.tails, params)
 
-    def _context(self, params: dict[str, Any], parts: Parts, now: dt.datetime) -> Context:
+    def _context(self, parts: Parts, now: dt.datetime) -> Context:
         state, rows, threads = parts
-        self.tails.learn(params, rows)
         return assemble(state, plan(state, self.defaults, now), rows, threads)
 
 
@@ -380,18 +390,16 @@ class ContextReader(_Reader):
     ) -> Context:
         """The context of one thread (or the main line), valid for the Messages API."""
         now = now or self.clock()
-        params = self._params(agent, channel, thread, now)
+        read = self._thread_read(agent, channel, thread, now)
         if self.replica is None:
             with self.connection() as conn:
                 if wait_for is None:
-                    parts = fetch_window(conn, params)
-                else:  # the reads ride with the look that finds the event
-                    waited = self._wait(
-                        conn, wait_for, timeout, agent, channel, lambda c: send_window(c, params)
-                    )
+                    parts = read.fetch(conn)
+                else:  # the reads ride with the looks for the event
+                    waited = self._wait(conn, wait_for, timeout, agent, channel, read.send)
                     assert waited[1] is not None
                     parts = waited[1]
-            ctx = self._context(params, parts, now)
+            ctx = self._context(parts, now)
             return attachments.attach(self.connection, ctx, self.attachments)
         lsn = None
         if wait_for is not None:  # on the primary: a standby cannot LISTEN
@@ -399,8 +407,8 @@ class ContextReader(_Reader):
                 lsn = self._wait(conn, wait_for, timeout, agent, channel, look="event_visible_at")[
                     0
                 ]
-        got = self.replica.read(lambda conn: fetch_window(conn, params), lsn, self.connection)
-        ctx = replace(self._context(params, got.value, now), served_by=got.by)
+        got = self.replica.read(read.fetch, lsn, self.connection)
+        ctx = replace(self._context(got.value, now), served_by=got.by)
         return attachments.attach(got.connect, ctx, self.attachments)
 
     def sessions(
@@ -454,25 +462,30 @@ class ContextReader(_Reader):
         """Until `event_id` is stored: sleep on ingest's commit notifications, not a timer.
         Returns the first column of the `look` query's row (see `event_visible_at`) and
         what `then` collected: `then(conn)` sends the reads that follow, in the round trip
-        of the look that finds the event (a look that does not wastes them).
+        of a look made after a commit (so the reads see that commit).
 
-        Two round trips when ingest commits while we wait (the usual read-your-writes
-        case): listen + look, then, once woken, look + stop listening + the reads. A look
-        that finds nothing after stopping listens again first (no commit slips in).
+        The usual read-your-writes case (ingest commits while we wait): listen, look,
+        then, once woken, look + stop listening + the reads: the round trip after the
+        commit is the only one that waits, and with the thread's known rows (`Tails`) it
+        fetches what changed. A look that finds nothing after stopping listens again
+        first (no commit slips in).
         """
         params = {"event_id": event_id, "agent": agent, "channel": channel}
         deadline = time.monotonic() + timeout
-        with conn.pipeline():
-            conn.execute(query("listen_commits"))
-            visible = conn.execute(query(look), params)
+        # Alone: a LISTEN takes effect when its transaction commits and a pipeline's
+        # statements share one, so a commit just after the look would go unheard.
+        conn.execute(query("listen_commits"))
         listening, collect = True, None
         try:
+            visible = conn.execute(query(look), params)
             while (row := visible.fetchone()) is None:
+                if collect is not None:
+                    collect()  # not what we wait for, but it teaches the thread's tail
+                    collect = None
                 if not listening:
-                    with conn.pipeline():
-                        conn.execute(query("listen_commits"))
-                        visible = conn.execute(query(look), params)
-                    listening, collect = True, None
+                    conn.execute(query("listen_commits"))
+                    listening = True
+                    visible = conn.execute(query(look), params)
                     continue
                 if (left := deadline - time.monotonic()) <= 0:
                     raise _not_visible(event_id, timeout)
@@ -483,7 +496,7 @@ class ContextReader(_Reader):
                     conn.execute(query("unlisten_commits"))
                     collect = then(conn) if then else None
                 listening = False
-            if listening:  # found at the first look: stop listening with the reads
+            if listening:  # found by a look made while listening
                 with conn.pipeline():
                     conn.execute(query("unlisten_commits"))
                     collect = then(conn) if then else None
@@ -543,16 +556,15 @@ class AsyncContextReader(_Reader):
         """The context of one thread (or the main line), valid for the Messages API."""
         if self.replica is None:
             now = now or self.clock()
-            params = self._params(agent, channel, thread, now)
+            read = self._thread_read(agent, channel, thread, now)
             async with await self._aconn() as conn:
                 if wait_for is None:
-                    parts = await afetch_window(conn, params)
-                else:  # the reads ride with the look that finds the event
-                    then = lambda c: asend_window(c, params)  # noqa: E731
-                    waited = await self._wait(conn, wait_for, timeout, agent, channel, then)
+                    parts = await read.afetch(conn)
+                else:  # the reads ride with the looks for the event
+                    waited = await self._wait(conn, wait_for, timeout, agent, channel, read.asend)
                     assert waited[1] is not None
                     parts = waited[1]
-            ctx = self._context(params, parts, now)
+            ctx = self._context(parts, now)
             return await attachments.aattach(self._aconn, ctx, self.attachments)
         lsn = None
         if wait_for is not None:  # on the primary: a standby cannot LISTEN
@@ -563,9 +575,9 @@ class AsyncContextReader(_Reader):
                     )
                 )[0]
         now = now or self.clock()
-        params = self._params(agent, channel, thread, now)
-        got = await self.replica.read(lambda conn: afetch_window(conn, params), lsn, self._aconn)
-        ctx = replace(self._context(params, got.value, now), served_by=got.by)
+        read = self._thread_read(agent, channel, thread, now)
+        got = await self.replica.read(read.afetch, lsn, self._aconn)
+        ctx = replace(self._context(got.value, now), served_by=got.by)
         return await attachments.aattach(got.connect, ctx, self.attachments)
 
     async def sessions(
@@ -605,17 +617,18 @@ class AsyncContextReader(_Reader):
         """`ContextReader._wait`, for asyncio."""
         params = {"event_id": event_id, "agent": agent, "channel": channel}
         deadline = time.monotonic() + timeout
-        async with conn.pipeline():
-            await conn.execute(query("listen_commits"))
-            visible = await conn.execute(query(look), params)
+        await conn.execute(query("listen_commits"))  # alone: see `ContextReader._wait`
         listening, collect = True, None
         try:
+            visible = await conn.execute(query(look), params)
             while (row := await visible.fetchone()) is None:
+                if collect is not None:
+                    await collect()
+                    collect = None
                 if not listening:
-                    async with conn.pipeline():
-                        await conn.execute(query("listen_commits"))
-                        visible = await conn.execute(query(look), params)
-                    listening, collect = True, None
+                    await conn.execute(query("listen_commits"))
+                    listening = True
+                    visible = await conn.execute(query(look), params)
                     continue
                 if (left := deadline - time.monotonic()) <= 0:
                     raise _not_visible(event_id, timeout)
@@ -652,7 +665,8 @@ class AsyncContextReader(_Reader):
 
 
 async def _aconfigure(conn: Any) -> None:
-    _configure(conn)
+    psycopg.types.json.set_json_loads(msgspec.json.decode, conn)
+    await conn.execute(_ONE_PLAN)
 
 
 async def _afetchall(conn: Any, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:

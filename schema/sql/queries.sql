@@ -137,6 +137,11 @@ WHERE c.agent = %(agent)s AND c.channel = %(channel)s;
 -- window's sums start from `hint_before` and only rows from `hint_seq` on are read, by
 -- the (agent, channel, seq) key. Any other `wkey`, or no hint: the whole window is
 -- summed. Either way the answer is the same.
+--
+-- Known rows: a reader that still holds the rows of that last read (up to `known_seq`)
+-- gets those back without their payload (event_id, occurred_at, role and content NULL;
+-- it fills them in), only while the hint holds: the same seq is then the same row.
+-- Content comes as JSON text, which the reader keeps and decodes (producers/tails.py).
 WITH c AS (
     SELECT cleared_seq, restored_seqs, restored_at, cutoff, compacted,
            coalesce(token_budget, %(default_budget)s) AS budget,
@@ -198,24 +203,27 @@ WITH c AS (
     FROM (SELECT coalesce((SELECT before FROM h), 0) + coalesce(sum(tokens), 0) AS total,
                  max(seq) AS last FROM w) t, c
 ), k AS MATERIALIZED (
-    SELECT s.seq, s.before
-    FROM (SELECT w.seq,
+    SELECT s.seq, s.before, s.tokens
+    FROM (SELECT w.seq, w.tokens,
                  coalesce((SELECT before FROM h), 0)
                  + sum(w.tokens) OVER (ORDER BY w.seq ROWS UNBOUNDED PRECEDING) - w.tokens
                      AS before
           FROM w) s, cut
     WHERE s.before >= cut.at OR s.seq = cut.last
 )
-SELECT k.seq, e.occurred_at, e.tokens, e.payload->>'role', e.payload->'content',
+SELECT k.seq, e.occurred_at, k.tokens, e.payload->>'role', (e.payload->'content')::text,
        k.before::bigint, c.wkey, e.event_id
--- One lookup by key per kept row, whatever the planner estimates (LIMIT keeps the
--- subquery from being flattened into a join; MATERIALIZED above for the same reason:
--- a fresh table has no statistics, and a plan that joins first reads every payload of
--- the window, or sums the window once per row).
-FROM k CROSS JOIN c CROSS JOIN LATERAL (
-    SELECT e.occurred_at, e.tokens, e.payload, e.event_id FROM events e
-    WHERE e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq = k.seq LIMIT 1
-) e
+-- One lookup by key per kept row not known to the reader, whatever the planner
+-- estimates (LIMIT keeps the subquery from being flattened into a join; MATERIALIZED
+-- above for the same reason: a fresh table has no statistics, and a plan that joins
+-- first reads every payload of the window, or sums the window once per row).
+FROM k CROSS JOIN c
+CROSS JOIN (SELECT coalesce((SELECT %(known_seq)s::bigint FROM h), 0) AS seq) known
+LEFT JOIN LATERAL (
+    SELECT e.occurred_at, e.payload, e.event_id FROM events e
+    WHERE e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq = k.seq
+      AND k.seq > known.seq LIMIT 1
+) e ON true
 ORDER BY 1;
 -- name: active_threads
 -- The other threads active within the rolling window (the same edge as `window_messages`).

@@ -31,7 +31,7 @@ import redis
 
 from contextlog.producers import ContextReader, Producer
 from contextlog.producers.attachments import Cache
-from contextlog.producers.reader import Tails
+from contextlog.producers.tails import Tails
 from contextlog.schema import attachments, keys
 from contextlog.schema.defaults import ConversationDefaults
 from tests.bench.harness import BenchEnv, Result, Watched, python_module

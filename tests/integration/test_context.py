@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contextlog.producers import AsyncContextReader, ContextReader, NotVisible, Producer
+from contextlog.producers import AsyncContextReader, ContextReader, NotVisible, Producer, tails
 from contextlog.producers.ids import uuid7
 from contextlog.schema import codec
 from contextlog.schema import events as ev
@@ -218,6 +218,49 @@ def test_wait_for_sleeps_through_other_commits(
         t.join()
     assert texts(ctx) == ["other", "late"]
     assert _listening(reader) == []
+
+
+def test_wait_for_after_a_read_fetches_only_what_changed(
+    log: Log, reader: ContextReader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bot's next turn: the reader holds the rows of its last read, so the read after
+    the commit it waited for brings the new message alone."""
+    monkeypatch.setattr("contextlog.producers.reader.POLL_SECONDS", 60.0)
+    for i in range(40):
+        log.say("user" if i % 2 == 0 else "assistant", f"m{i}", NOW - 2 * HOUR)
+    sent: list[int] = []  # rows that came with their payload, per read of the window
+    real_fill = tails.fill
+
+    def counting(rows: Any, known: Any) -> Any:
+        sent.append(sum(r[7] is not None for r in rows))
+        return real_fill(rows, known)
+
+    monkeypatch.setattr("contextlog.producers.reader.fill", counting)
+    reader.context("alpha", "general", now=NOW)
+    eid = str(uuid7())
+    timer = _later(log, eid)
+    ctx = reader.context("alpha", "general", wait_for=eid, timeout=20, now=NOW)
+    timer.join()
+    assert texts(ctx) == [f"m{i}" for i in range(40)] + ["late"]
+    assert sent == [40, 1]
+    assert _listening(reader) == []
+
+
+def test_a_caller_editing_its_context_changes_no_later_read(
+    log: Log, reader: ContextReader
+) -> None:
+    """Later reads reuse what earlier ones fetched; never the blocks a caller was given."""
+    log.say("user", [{"type": "text", "text": "question"}], NOW - HOUR)
+    log.say("assistant", "answer", NOW - HOUR)
+    first = reader.context("alpha", "general", now=NOW)
+    first.messages[0]["content"][0]["text"] = "edited"
+    first.messages[0]["content"][0]["cache_control"] = {"type": "ephemeral"}
+    first.messages[-1]["content"].append({"type": "text", "text": "added"})
+    again = reader.context("alpha", "general", now=NOW)
+    assert again.messages == [
+        {"role": "user", "content": [{"type": "text", "text": "question"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "answer"}]},
+    ]
 
 
 def test_a_failed_wait_stops_listening(reader: ContextReader) -> None:

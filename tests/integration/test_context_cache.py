@@ -15,6 +15,7 @@ import psycopg
 from contextlog.producers import AsyncContextReader, ContextReader
 from contextlog.producers.context import build_context
 from contextlog.producers.reader import rolling_cutoff, stored, window_params
+from contextlog.producers.tails import NO_HINT, fill
 from contextlog.schema import events as ev
 from contextlog.schema.defaults import ConversationDefaults
 from contextlog.schema.queries import query
@@ -192,16 +193,31 @@ def test_a_stale_hint_for_a_log_written_again_is_ignored(db: str, log: Log) -> N
     for i in range(60):
         turn(log, i, NOW - 50 * MINUTE)
     r.context("alpha", "general", now=NOW)
-    hint = r.tails.hint(window_params("alpha", "general", None, NOW, r.defaults))
+    hint = r.tails.hint(window_params("alpha", "general", None, NOW, r.defaults))[0]
     truncate(db)
     for i in range(200):  # more rows, longer ones: every seq has another `before`
         log.say("user" if i % 2 == 0 else "assistant", f"new {i} " + "words " * 60, NOW)
-    again = r.tails.hint(window_params("alpha", "general", None, NOW, r.defaults))
+    again = r.tails.hint(window_params("alpha", "general", None, NOW, r.defaults))[0]
     assert again["hint_seq"] == hint["hint_seq"] is not None
     got = r.context("alpha", "general", now=NOW)
     r.close()
     assert got == fresh_context(db, NOW)
     assert texts(got)[-1].startswith("new 199") and got.token_estimate <= 3_000
+
+
+def test_rows_held_from_a_log_written_again_are_not_used(db: str, log: Log) -> None:
+    """The same seqs and window key over other events: the rows a reader holds are not
+    theirs, so the query sends every payload (the hint check guards the known rows)."""
+    r = ContextReader.from_url(db, defaults=ConversationDefaults(token_budget=3_000))
+    for i in range(30):
+        log.say("user" if i % 2 == 0 else "assistant", f"old {i}", NOW)
+    r.context("alpha", "general", now=NOW)
+    truncate(db)
+    for i in range(30):
+        log.say("user" if i % 2 == 0 else "assistant", f"new {i}", NOW)
+    got = r.context("alpha", "general", now=NOW)
+    r.close()
+    assert texts(got) == [f"new {i}" for i in range(30)]
 
 
 def events_rows_scanned(conn: psycopg.Connection[Any], params: dict[str, Any]) -> int:
@@ -229,15 +245,41 @@ def test_a_hinted_read_reads_what_the_budget_keeps_not_the_window(db: str, log: 
         log.say("assistant", f"answer {i} " + "words " * 40, at)
     r = ContextReader.from_url(db, defaults=ConversationDefaults(token_budget=3_000))
     first = r.context("alpha", "general", now=NOW)  # learns the hint
-    params = r.tails.hint(window_params("alpha", "general", None, NOW, r.defaults, bounded=True))
+    params = r.tails.hint(window_params("alpha", "general", None, NOW, r.defaults, bounded=True))[0]
     r.close()
     assert params["hint_seq"] is not None
-    plain = {**params, "hint_key": None, "hint_seq": None, "hint_id": None, "hint_before": None}
+    hinted = {**params, "known_seq": None}  # the hint alone: every kept row's payload
+    plain = {**params, **NO_HINT}
     with psycopg.connect(db) as conn:
         whole = conn.execute(query("window_messages"), plain).fetchall()
-        tail = conn.execute(query("window_messages"), params).fetchall()
-        summed, tailed = events_rows_scanned(conn, plain), events_rows_scanned(conn, params)
+        tail = conn.execute(query("window_messages"), hinted).fetchall()
+        summed, tailed = events_rows_scanned(conn, plain), events_rows_scanned(conn, hinted)
     assert [row[:6] for row in tail] == [row[:6] for row in whole]
     assert len(whole) < 80 and summed >= 2_000
     assert tailed <= 3 * len(whole), (tailed, len(whole))
     assert stored(tail) == stored(whole) and first.truncated
+
+
+def test_rows_a_reader_holds_come_back_without_their_payload(db: str, log: Log) -> None:
+    """The rows of the last read come back bare (the reader fills them in): the query
+    looks up the payload of the new rows alone, and the filled rows are the same."""
+    for i in range(300):
+        log.say("user" if i % 2 == 0 else "assistant", f"m{i} " + "words " * 40, NOW)
+    r = ContextReader.from_url(db, defaults=ConversationDefaults(token_budget=3_000))
+    r.context("alpha", "general", now=NOW)  # learns the hint and the rows
+    log.say("user", "new question", NOW)
+    params, known = r.tails.hint(
+        window_params("alpha", "general", None, NOW, r.defaults, bounded=True)
+    )
+    r.close()
+    assert params["known_seq"] == max(known) and len(known) > 20
+    hinted = {**params, "known_seq": None}
+    with psycopg.connect(db) as conn:
+        full = conn.execute(query("window_messages"), hinted).fetchall()
+        bare = conn.execute(query("window_messages"), params).fetchall()
+        looked, bare_looked = events_rows_scanned(conn, hinted), events_rows_scanned(conn, params)
+    assert [row[7] is None for row in bare] == [row[0] in known for row in full]
+    assert sum(row[7] is not None for row in bare) == 1  # the new question
+    assert fill(bare, known) == full
+    assert bare_looked == looked - len(known), (bare_looked, looked, len(known))
+    assert fill(bare, {}) is None  # rows it no longer holds: the reader reads them whole
