@@ -34,7 +34,7 @@ from contextlog.producers.attachments import Cache
 from contextlog.producers.tails import Tails
 from contextlog.schema import attachments, keys
 from contextlog.schema.defaults import ConversationDefaults
-from tests.bench.harness import BenchEnv, Result, Watched, python_module
+from tests.bench.harness import BenchEnv, Result, Watched, python_module, settle
 
 RAW = """SELECT seq, occurred_at, tokens, payload->>'role', payload->'content' FROM events
 WHERE agent = %(agent)s AND channel = %(channel)s AND thread = %(thread)s
@@ -109,6 +109,7 @@ def _time_reads(env: BenchEnv, channel: str) -> dict[str, float]:
     }
     ours, base = [], []
     n = 0
+    settle()
     for i in range(READS + 20):
         t = time.perf_counter()
         ctx = reader.context("bench", channel, now=NOW)
@@ -214,6 +215,7 @@ def _time_budgeted(env: BenchEnv, cold: bool) -> dict[str, Any]:
     for ch in BUDGETED:  # warm-up
         for _ in range(10):
             reader.context("bench", ch, now=NOW)
+    settle()
     rounds: list[dict[str, float]] = []
     kept: dict[str, int] = {}
     for _ in range(ROUNDS):
@@ -298,7 +300,9 @@ def run(env: BenchEnv) -> Result:
         ),
         description=(
             "ContextReader.context() p50/p99 over 300 reads for windows of 100 and "
-            f"1,000 messages, with {small:,} and then {big:,} events in the log (1,000 background "
+            "1,000 messages (the process's set-up objects frozen first, `gc.freeze()` as "
+            "README advises a long-lived bot: unfrozen, full collections put ~0.2 s on the "
+            f"p99), with {small:,} and then {big:,} events in the log (1,000 background "
             "conversations), beside the raw window query in the same loop (a budget of "
             "1e9 tokens, so the whole window is returned). Then, at the default 16k budget, "
             f"windows of 1,000 and 10,000 messages (100 tokens each) read in {ROUNDS} "

@@ -19,7 +19,6 @@ machine load; each round's ratio is kept and the headline is their median.
 
 from __future__ import annotations
 
-import gc
 import os
 import statistics
 import time
@@ -40,7 +39,15 @@ from psycopg.rows import dict_row
 from contextlog.producers import ContextReader, Producer
 from contextlog.schema.defaults import TOKEN_BUDGET
 from contextlog.schema.queries import query
-from tests.bench.harness import BenchEnv, BenchError, CpuMeter, Result, Watched, python_module
+from tests.bench.harness import (
+    BenchEnv,
+    BenchError,
+    CpuMeter,
+    Result,
+    Watched,
+    python_module,
+    settle,
+)
 
 SHARDS = 4
 SIZES = (100, 1000)
@@ -347,10 +354,7 @@ def _measure(env: BenchEnv) -> dict[str, Any]:
         with _ours(env) as (ours, ingest):
             _fill(ours, lc)
             config = _saver_fill(saver, "read-w1000", 1000)
-            # The set-up's objects stay for the run: keep the collector from rescanning
-            # them in the timed loops (a full collection showed up as a p99 on both sides).
-            gc.collect()
-            gc.freeze()
+            settle()  # the set-up's objects stay for the run
             for size in SIZES:
                 measured[f"bot_turn_{size}"] = _bot_turns(ours, lc, size)
             measured["read_only_1000"] = _read_only(ours, saver, config)

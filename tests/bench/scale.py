@@ -37,7 +37,7 @@ from contextlog.schema.defaults import ConversationDefaults
 from contextlog.worker.eventlog import Accepted, PostgresEventLog
 from contextlog.worker.migrations import migrate
 from tests.bench.context import NOW, _fill_background, _fill_targets, _percentiles
-from tests.bench.harness import BenchEnv, Result
+from tests.bench.harness import BenchEnv, Result, settle
 from tests.support.services import drop_database, with_database
 
 ROUNDS, PER_ROUND = 10, 30
@@ -94,6 +94,7 @@ def _reads(urls: dict[str, str]) -> dict[str, dict[str, Any]]:
     budget = {k: ContextReader.from_url(u) for k, u in urls.items()}
     samples: dict[str, dict[str, list[float]]] = {k: {"whole": [], "16k": []} for k in urls}
     ratios = []
+    settle()
     for r in range(ROUNDS + 1):  # round 0 warms up
         p50 = {}
         for layout in urls:
@@ -235,7 +236,8 @@ def _result(measured: dict[str, dict[str, Any]], seconds: float, converted: int)
             f"{FLAT_UP_TO:,} events), grown to each size with 1,000 background "
             f"conversations. Per size: {ROUNDS} interleaved rounds of {PER_ROUND} "
             "`ContextReader.context()` reads of a 1,000-message window, whole and at the "
-            "16k default budget, per layout (A B A B); then the append rate of "
+            "16k default budget, per layout (A B A B; set-up objects frozen first, "
+            "`gc.freeze()` as README advises); then the append rate of "
             f"`PostgresEventLog.append` ({APPEND_BATCHES} batches of {BATCH} new messages "
             f"over {BATCH} conversations, median of {APPEND_ROUNDS} interleaved rounds). "
             "After its last size, migration 007 converts the unpartitioned twin in place, "
