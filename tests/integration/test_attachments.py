@@ -96,10 +96,10 @@ def test_image_round_trip_stored_once_across_conversations(
     with running(settings):
         producer.post_message(A, "c1", "user", posted)
         producer.post_message(A, "c1", "assistant", "a cat")
-        producer.post_message(A, "c2", "user", posted)
+        in_c2 = producer.post_message(A, "c2", "user", posted)
         last = producer.post_message(A, "c1", "user", [image(data)])
         ctx = reader.context(A, "c1", wait_for=last, timeout=30)
-        other = reader.context(A, "c2").messages
+        other = reader.context(A, "c2", wait_for=in_c2, timeout=30).messages  # its own shard
         assert digest(other) == digest([{"role": "user", "content": posted}])
         assert stored(db) == [(sha, len(data))]
         eventually(lambda: waiting_keys(rds) == [], what="Redis keys deleted after commit")
