@@ -31,6 +31,10 @@ from contextlog.worker.rows import copy_line, guard_key, insert_params, row_of, 
 # violation names the partition's), as migration 007 names them.
 EVENT_ID_GUARD: Final = re.compile(r"events(_p\d+)?_event_id_key")
 
+# The SQLSTATE of `contextlog_fence` (008): `advance_checkpoint` fails with it when a newer
+# lease epoch wrote the shard, which rolls the batch back whole.
+FENCED: Final = "CL001"
+
 # Held exclusively by `contextlog rebuild`, shared by every ingest transaction.
 REBUILD_LOCK: Final = 0x72656275  # "rebu"
 
@@ -119,6 +123,10 @@ class PostgresEventLog:
             raise ShardBusy(f"shard {shard}: its checkpoint is locked ({e})") from e
         except psycopg.OperationalError as e:
             raise Unavailable(f"Postgres: {e}") from e
+        except psycopg.DatabaseError as e:
+            if e.sqlstate == FENCED:
+                raise Fenced(f"shard {shard}: epoch {epoch} is older than the last writer's") from e
+            raise
 
     def epochs(self) -> dict[int, int]:
         """See `EventLog.epochs`."""
@@ -164,9 +172,9 @@ class PostgresEventLog:
             self.conn.cursor() as cur,
         ):
             # The checkpoint row goes first: its lock serialises two writers of a shard
-            # and the epoch check fences the older one (its answer is read after the
-            # projections are sent: a fenced batch rolls back whole). On the optimistic
-            # path every unique event is new, so the count goes in the same statement.
+            # and a fenced writer's statement fails, before anything else is written. On
+            # the optimistic path every unique event is new, so the count goes in the
+            # same statement.
             checkpoint = {
                 "shard": shard,
                 "epoch": epoch,
@@ -174,19 +182,14 @@ class PostgresEventLog:
                 "events": 0 if check_stored else len(distinct),
                 "rebuild_lock": REBUILD_LOCK,
             }
-            fence = self.conn.cursor()
-            fence.execute(query("advance_checkpoint"), checkpoint)
+            cur.execute(query("advance_checkpoint"), checkpoint)
             fresh = distinct
             if check_stored:
-                _check_fence(fence, shard, epoch)
                 fresh = self._not_stored(cur, distinct)
                 cur.execute(
-                    "UPDATE shard_checkpoints SET events = events + %s WHERE shard = %s",
-                    (len(fresh), shard),
+                    query("count_checkpoint_events"), {"shard": shard, "events": len(fresh)}
                 )
             effects = self._insert(cur, fresh, small) if fresh else []
-            if not check_stored:
-                _check_fence(fence, shard, epoch)
             if any(a.blobs for a in fresh):
                 attachments.insert(cur, fresh)
             ids = self.outbox.keep(cur, effects)
@@ -266,11 +269,6 @@ def _pipelined(batch: Sequence[Accepted], check_stored: bool) -> bool:
         and len(batch) <= PIPELINED_MAX
         and not any(a.blobs or ev.kind_of(a.event) in COMMANDS for a in batch)
     )
-
-
-def _check_fence(fence: psycopg.Cursor[TupleRow], shard: int, epoch: int) -> None:
-    if fence.fetchone() is None:
-        raise Fenced(f"shard {shard}: epoch {epoch} is older than the last writer's")
 
 
 class MemoryEventLog:

@@ -17,6 +17,8 @@ from contextlog.schema import events as ev
 from contextlog.schema.errors import Fenced, ShardBusy, StorageRefused
 from contextlog.schema.queries import migrations
 from contextlog.worker.eventlog import (
+    FENCED,
+    PIPELINED_MAX,
     Accepted,
     EventLog,
     MemoryEventLog,
@@ -33,11 +35,13 @@ def accepted(
     text: str = "hi",
     entry: str = "1-0",
     event_id: uuid.UUID | None = None,
+    thread: str | None = None,
 ) -> Accepted:
     event = ev.MessagePosted(
         event_id=event_id or uuid7(),
         agent="alpha",
         channel=channel,
+        thread=thread,
         occurred_at=T0,
         role="user",
         content=text,
@@ -92,6 +96,40 @@ def test_an_older_epoch_is_fenced(backend: tuple[EventLog, str | None]) -> None:
     log.append(3, 1, [accepted(text="other shard")])  # epochs are per shard
     assert log.epochs() == {2: 5, 3: 1}
     assert [r[2] for r in seqs(log, url)] == ["new owner", "other shard"]
+
+
+def everything(db: str) -> dict[str, list[tuple[object, ...]]]:
+    """Every row a batch can write: the log, the projections, the checkpoints."""
+    with psycopg.connect(db) as conn:
+        return {
+            table: conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2").fetchall()
+            for table in ("events", "conversations", "threads", "shard_checkpoints")
+        }
+
+
+@pytest.mark.parametrize("size", [1, 3, PIPELINED_MAX + 1], ids=["one", "pipelined", "copied"])
+def test_a_fenced_batch_writes_nothing(db: str, size: int) -> None:
+    """The fence fails the stale writer's transaction in SQL (SQLSTATE CL001, before
+    anything else is written): no row, no projection or checkpoint change, no commit
+    notification; the connection goes on."""
+    log = PostgresEventLog(psycopg.connect(db))
+    listener = psycopg.connect(db, autocommit=True)
+    log.append(2, 5, [accepted("general", "new owner", "5-0")])
+    before = everything(db)
+    listener.execute("LISTEN contextlog_commits")
+    stale = [accepted("general", "stale", "4-0"), accepted("other", "stale", "4-1", thread="t")]
+    stale += [accepted("general", f"stale {i}", f"4-{i + 2}") for i in range(size - 2)]
+    with pytest.raises(Fenced) as fenced:
+        log.append(2, 4, stale[:size])
+    assert isinstance(fenced.value.__cause__, psycopg.Error)
+    assert fenced.value.__cause__.sqlstate == FENCED
+    assert everything(db) == before
+    assert list(listener.notifies(timeout=0.2)) == []  # rolled back: nothing committed
+    assert log.append(2, 5, [accepted("general", "owner again", "6-0")]) == 1
+    assert len(list(listener.notifies(timeout=5, stop_after=1))) == 1
+    assert [r[2] for r in seqs(log, db)] == ["new owner", "owner again"]
+    listener.close()
+    log.close()
 
 
 def test_a_writer_stalled_inside_its_transaction_holds_the_shard_only_briefly(db: str) -> None:
@@ -222,8 +260,6 @@ def test_a_log_holding_a_year_9999_activity_still_takes_messages(db: str) -> Non
 def test_a_pipelined_small_batch_stores_what_a_copied_large_one_does(db: str) -> None:
     """A batch of a few messages is INSERTed in pipeline mode (two round trips), a large
     one COPYed: same rows, sequence numbers, token counts and projections."""
-    from contextlog.worker.eventlog import PIPELINED_MAX
-
     texts = [f"message {i} with\ttab, 'quote', \\ backslash and ünïcode" for i in range(3)]
     small = [accepted("small", t, f"{i + 1}-0") for i, t in enumerate(texts)]
     filler = [accepted("filler", "x", f"9-{i}") for i in range(PIPELINED_MAX)]
