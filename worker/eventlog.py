@@ -217,8 +217,7 @@ class PostgresEventLog:
         (COPY; a small batch an INSERT that waits in the pipeline for the COMMIT), then
         apply the commands that end the round."""
         effects: list[Effect] = []
-        compact: set[tuple[str, str]] = set()
-        deadlines: dict[tuple[str, str], dt.datetime] = {}
+        after = _After(self.defaults)
         rows_of = {id(a): row_of(a.event) for a in fresh}
         for segment in projection.rounds(
             fresh,
@@ -226,15 +225,8 @@ class PostgresEventLog:
             lambda a: rows_of[id(a)].kind in COMMANDS,
         ):
             rows = [rows_of[id(a)] for a in segment]
-            convs, threads = projection.fold(rows)
-            applied = projection.apply(cur, convs, threads, self.defaults.token_budget)
-            compact.update(applied.to_compact)
-            for key, timeout, activity in applied.active:
-                timeout = self.defaults.idle_timeout if timeout is None else timeout
-                if timeout > 0:
-                    # Clamped: a log written before times were bounded may hold a
-                    # last activity near year 9999, and the sum must not overflow.
-                    deadlines[key] = min(activity, codec.LATEST) + dt.timedelta(seconds=timeout)
+            applied = projection.apply(cur, *projection.fold(rows), self.defaults.token_budget)
+            after.add(applied)
             next_seq = {k: base + 1 for k, base in applied.bases.items()}
             seqs = []
             for row in rows:
@@ -253,9 +245,32 @@ class PostgresEventLog:
                 copy.write(b"".join(lines))
             for event, seq in commands:
                 effects += handle(cur, event, seq, self.defaults)
-        effects += [Compact(a, c) for a, c in sorted(compact)]
-        effects += [Arm(a, c, due) for (a, c), due in sorted(deadlines.items())]
-        return effects
+        return effects + after.effects()
+
+
+@dataclass
+class _After:
+    """What a batch's projections ask for once it has committed: compactions of windows
+    past the threshold, and idle timers."""
+
+    defaults: ConversationDefaults
+    compact: set[tuple[str, str]] = field(default_factory=set)
+    deadlines: dict[tuple[str, str], dt.datetime] = field(default_factory=dict)
+
+    def add(self, applied: projection.Applied) -> None:
+        """Take in one round's answers (a later round's deadline wins)."""
+        self.compact.update(applied.to_compact)
+        for key, timeout, activity in applied.active:
+            timeout = self.defaults.idle_timeout if timeout is None else timeout
+            if timeout > 0:
+                # Clamped: a log written before times were bounded may hold a last
+                # activity near year 9999, and the sum must not overflow.
+                self.deadlines[key] = min(activity, codec.LATEST) + dt.timedelta(seconds=timeout)
+
+    def effects(self) -> list[Effect]:
+        """Compactions, then timer arms, each in conversation order."""
+        compact: list[Effect] = [Compact(a, c) for a, c in sorted(self.compact)]
+        return compact + [Arm(a, c, due) for (a, c), due in sorted(self.deadlines.items())]
 
 
 # A batch this small, of messages only (no commands, attachments or redelivery), is
