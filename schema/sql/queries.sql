@@ -96,11 +96,28 @@ COPY events (event_id, agent, channel, thread, seq, kind, occurred_at, tokens, p
 FROM STDIN;
 
 -- name: insert_events
--- The same rows as `copy_events`, for a batch small enough to ride a pipeline.
+-- The same rows as `copy_events`, for a batch small enough to ride a pipeline, numbered
+-- here rather than by the caller: so the rows need not wait for `advance_conversations`'
+-- answer, and the whole batch, COMMIT included, is sent at once. That statement ran
+-- before this one in the same transaction, so `last_seq` is already the conversation's
+-- new last seq: its k-th row of the batch (in order) gets last_seq - n + k, where
+-- n is how many rows it has here, the count it was advanced by (a pipelined batch is one
+-- round: every row of the batch is in this statement). A conversation row missing
+-- would leave seq NULL, which the column refuses: a loud failure, not a dropped row.
+-- ORDER BY: positions (the identity) are taken in the order the rows are sent, as
+-- COPY takes them.
 INSERT INTO events (event_id, agent, channel, thread, seq, kind, occurred_at, tokens, payload)
-SELECT * FROM unnest(%(ids)s::uuid[], %(agents)s::text[], %(channels)s::text[],
-                     %(threads)s::text[], %(seqs)s::bigint[], %(kinds)s::text[],
-                     %(times)s::timestamptz[], %(tokens)s::integer[], %(payloads)s::jsonb[]);
+SELECT x.event_id, x.agent, x.channel, x.thread,
+       c.last_seq - count(*) OVER conv + row_number() OVER (conv ORDER BY x.k),
+       x.kind, x.occurred_at, x.tokens, x.payload
+FROM unnest(%(ids)s::uuid[], %(agents)s::text[], %(channels)s::text[],
+            %(threads)s::text[], %(kinds)s::text[], %(times)s::timestamptz[],
+            %(tokens)s::integer[], %(payloads)s::jsonb[])
+     WITH ORDINALITY AS x(event_id, agent, channel, thread, kind, occurred_at, tokens,
+                          payload, k)
+LEFT JOIN conversations c ON c.agent = x.agent AND c.channel = x.channel
+WINDOW conv AS (PARTITION BY x.agent, x.channel)
+ORDER BY x.k;
 
 -- name: checkpoints
 SELECT shard, epoch, last_entry_id, events, updated_at FROM shard_checkpoints ORDER BY shard;
