@@ -220,15 +220,20 @@ class PostgresEventLog:
         (with the answers the old code read in between, a one-event append took five).
         In autocommit mode psycopg sends no BEGIN or COMMIT, and the block sends its own."""
         self.conn.autocommit = True
+        failure: psycopg.Error | None = None
         try:
             with self.conn.pipeline(), self.conn.cursor() as cur:
-                cur.execute("BEGIN")
-                yield cur
-                cur.execute("COMMIT")
+                try:
+                    cur.execute("BEGIN")
+                    yield cur
+                    cur.execute("COMMIT")
+                except psycopg.Error as e:
+                    # Postgres sends an error at once, so it may be read while the block is
+                    # still sending; held until the pipeline is synced and closed (psycopg
+                    # logs a warning for each pipeline an error leaves through).
+                    failure = e
         except psycopg.Error as e:
-            if (failure := _first_failure(e)) is e:
-                raise
-            raise failure from None
+            failure = failure or _first_failure(e)
         finally:
             # After a failure Postgres has skipped the COMMIT and keeps the session in the
             # (aborted) transaction until a ROLLBACK.
@@ -236,6 +241,8 @@ class PostgresEventLog:
                 self.conn.rollback()
             if self.conn.info.transaction_status == IDLE:
                 self.conn.autocommit = False
+        if failure is not None:
+            raise failure
 
     def _write_copied(
         self, checkpoint: dict[str, object], distinct: list[Accepted], check_stored: bool
