@@ -8,11 +8,12 @@ import datetime as dt
 import re
 import uuid
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 
 from contextlog.schema import codec
@@ -31,8 +32,18 @@ from contextlog.worker.rows import copy_line, guard_key, insert_params, row_of, 
 # violation names the partition's), as migration 007 names them.
 EVENT_ID_GUARD: Final = re.compile(r"events(_p\d+)?_event_id_key")
 
+# The SQLSTATE of `contextlog_fence` (008): `advance_checkpoint` fails with it when a newer
+# lease epoch wrote the shard, which rolls the batch back whole.
+FENCED: Final = "CL001"
+
 # Held exclusively by `contextlog rebuild`, shared by every ingest transaction.
 REBUILD_LOCK: Final = 0x72656275  # "rebu"
+
+IDLE, INTRANS, INERROR = (
+    TransactionStatus.IDLE,
+    TransactionStatus.INTRANS,
+    TransactionStatus.INERROR,
+)
 
 
 # A stalled writer (a frozen process, a paused VM) holds its batch's transaction, and so its
@@ -119,6 +130,10 @@ class PostgresEventLog:
             raise ShardBusy(f"shard {shard}: its checkpoint is locked ({e})") from e
         except psycopg.OperationalError as e:
             raise Unavailable(f"Postgres: {e}") from e
+        except psycopg.DatabaseError as e:
+            if e.sqlstate == FENCED:
+                raise Fenced(f"shard {shard}: epoch {epoch} is older than the last writer's") from e
+            raise
 
     def epochs(self) -> dict[int, int]:
         """See `EventLog.epochs`."""
@@ -154,44 +169,102 @@ class PostgresEventLog:
 
     def _write(self, shard: int, epoch: int, batch: Sequence[Accepted], check_stored: bool) -> int:
         distinct = unique(batch)
-        # A bot's turn is a batch of one or two messages: in pipeline mode its whole
-        # transaction is two round trips (BEGIN, checkpoint and projections; the rows
-        # and COMMIT) instead of seven, which is most of the time from post to visible.
-        small = _pipelined(distinct, check_stored)
-        with (
-            self.conn.pipeline() if small else contextlib.nullcontext(),
-            self.conn.transaction(),
-            self.conn.cursor() as cur,
-        ):
+        # On the optimistic path every unique event is new, so the checkpoint's statement
+        # counts them (after a redelivery, `count_checkpoint_events` counts the new ones).
+        checkpoint = {
+            "shard": shard,
+            "epoch": epoch,
+            "last_entry_id": batch[-1].entry_id,
+            "events": 0 if check_stored else len(distinct),
+            "rebuild_lock": REBUILD_LOCK,
+        }
+        if _pipelined(self.conn, distinct, check_stored):
+            stored, effects, ids = self._write_pipelined(checkpoint, distinct)
+        else:
+            stored, effects, ids = self._write_copied(checkpoint, distinct, check_stored)
+        self.outbox.send(effects, ids)
+        return stored
+
+    def _write_pipelined(
+        self, checkpoint: dict[str, object], batch: list[Accepted]
+    ) -> tuple[int, list[Effect], list[int]]:
+        """A bot's turn (a batch of a message or two) in one round trip, which is most of
+        the time from post to visible: BEGIN, the checkpoint, the projections, the rows and
+        COMMIT go out in one pipeline sync, and every answer is read after it. Nothing
+        sent waits for an answer: the rows are numbered in SQL (`insert_events`) and a
+        fenced writer's statement fails (`advance_checkpoint`), so Postgres skips the
+        rest of the pipeline, COMMIT included."""
+        # Messages only, so one round (`projection.rounds`): the batch grouped by
+        # conversation, the order COPY writes a round in (positions follow it).
+        batch = next(projection.rounds(batch, _conversation, lambda a: False))
+        rows = [row_of(a.event) for a in batch]
+        convs, threads = projection.fold(rows)
+        with self._one_round_trip() as cur:
+            # The checkpoint row first: its lock serialises two writers of a shard.
+            cur.execute(query("advance_checkpoint"), checkpoint)
+            sent = projection.send(cur, convs, threads, self.defaults.token_budget)
+            cur.execute(query("insert_events"), insert_params(batch, rows))
+        # Messages only: what they ask for (compactions, timer arms) is asked for again by
+        # a later batch, so nothing had to be kept in the transaction (`outbox.keep`).
+        after = _After(self.defaults)
+        after.add(sent.read())
+        return len(batch), after.effects(), []
+
+    @contextlib.contextmanager
+    def _one_round_trip(self) -> Iterator[psycopg.Cursor[TupleRow]]:
+        """A cursor whose statements, wrapped in BEGIN and COMMIT, go out together at the
+        end of the block (one pipeline sync), where their answers are read.
+
+        psycopg's own transactions sync a pipeline after BEGIN, at the end of the block
+        and after COMMIT, a round trip each, so that an error is raised where it happens
+        (with the answers the old code read in between, a one-event append took five).
+        In autocommit mode psycopg sends no BEGIN or COMMIT, and the block sends its own."""
+        self.conn.autocommit = True
+        failure: psycopg.Error | None = None
+        try:
+            with self.conn.pipeline(), self.conn.cursor() as cur:
+                try:
+                    cur.execute("BEGIN")
+                    yield cur
+                    cur.execute("COMMIT")
+                except psycopg.Error as e:
+                    # Postgres sends an error at once, so it may be read while the block is
+                    # still sending; held until the pipeline is synced and closed (psycopg
+                    # logs a warning for each pipeline an error leaves through).
+                    failure = e
+        except psycopg.Error as e:
+            failure = failure or _first_failure(e)
+        finally:
+            # After a failure Postgres has skipped the COMMIT and keeps the session in the
+            # (aborted) transaction until a ROLLBACK.
+            if self.conn.info.transaction_status in (INTRANS, INERROR):
+                self.conn.rollback()
+            if self.conn.info.transaction_status == IDLE:
+                self.conn.autocommit = False
+        if failure is not None:
+            raise failure
+
+    def _write_copied(
+        self, checkpoint: dict[str, object], distinct: list[Accepted], check_stored: bool
+    ) -> tuple[int, list[Effect], list[int]]:
+        """Any other batch: COPY, commands, attachments, a redelivery. Returns how many
+        events were new, the batch's effects and the ids of those kept."""
+        with self.conn.transaction(), self.conn.cursor() as cur:
             # The checkpoint row goes first: its lock serialises two writers of a shard
-            # and the epoch check fences the older one (its answer is read after the
-            # projections are sent: a fenced batch rolls back whole). On the optimistic
-            # path every unique event is new, so the count goes in the same statement.
-            checkpoint = {
-                "shard": shard,
-                "epoch": epoch,
-                "last_entry_id": batch[-1].entry_id,
-                "events": 0 if check_stored else len(distinct),
-                "rebuild_lock": REBUILD_LOCK,
-            }
-            fence = self.conn.cursor()
-            fence.execute(query("advance_checkpoint"), checkpoint)
+            # and a fenced writer's statement fails, before anything else is written.
+            cur.execute(query("advance_checkpoint"), checkpoint)
             fresh = distinct
             if check_stored:
-                _check_fence(fence, shard, epoch)
                 fresh = self._not_stored(cur, distinct)
                 cur.execute(
-                    "UPDATE shard_checkpoints SET events = events + %s WHERE shard = %s",
-                    (len(fresh), shard),
+                    query("count_checkpoint_events"),
+                    {"shard": checkpoint["shard"], "events": len(fresh)},
                 )
-            effects = self._insert(cur, fresh, small) if fresh else []
-            if not check_stored:
-                _check_fence(fence, shard, epoch)
+            effects = self._insert(cur, fresh) if fresh else []
             if any(a.blobs for a in fresh):
                 attachments.insert(cur, fresh)
             ids = self.outbox.keep(cur, effects)
-        self.outbox.send(effects, ids)
-        return len(fresh)
+        return len(fresh), effects, ids
 
     def flush_effects(self, older_than: float = 30.0, limit: int = 500) -> int:
         """See `EventLog.flush_effects`."""
@@ -207,41 +280,24 @@ class PostgresEventLog:
         stored = {tuple(r) for r in cur.execute(query("existing_event_ids"), keys)}
         return [a for a in batch if guard_key(a.event) not in stored]
 
-    def _insert(
-        self, cur: psycopg.Cursor[TupleRow], fresh: list[Accepted], small: bool = False
-    ) -> list[Effect]:
-        """Per round: fold the projections (reserving sequence numbers), write the rows
-        (COPY; a small batch an INSERT that waits in the pipeline for the COMMIT), then
-        apply the commands that end the round."""
+    def _insert(self, cur: psycopg.Cursor[TupleRow], fresh: list[Accepted]) -> list[Effect]:
+        """Per round: fold the projections (reserving sequence numbers), COPY the rows,
+        then apply the commands that end the round."""
         effects: list[Effect] = []
-        compact: set[tuple[str, str]] = set()
-        deadlines: dict[tuple[str, str], dt.datetime] = {}
+        after = _After(self.defaults)
         rows_of = {id(a): row_of(a.event) for a in fresh}
         for segment in projection.rounds(
-            fresh,
-            lambda a: (a.event.agent, a.event.channel),
-            lambda a: rows_of[id(a)].kind in COMMANDS,
+            fresh, _conversation, lambda a: rows_of[id(a)].kind in COMMANDS
         ):
             rows = [rows_of[id(a)] for a in segment]
-            convs, threads = projection.fold(rows)
-            applied = projection.apply(cur, convs, threads, self.defaults.token_budget)
-            compact.update(applied.to_compact)
-            for key, timeout, activity in applied.active:
-                timeout = self.defaults.idle_timeout if timeout is None else timeout
-                if timeout > 0:
-                    # Clamped: a log written before times were bounded may hold a
-                    # last activity near year 9999, and the sum must not overflow.
-                    deadlines[key] = min(activity, codec.LATEST) + dt.timedelta(seconds=timeout)
+            applied = projection.apply(cur, *projection.fold(rows), self.defaults.token_budget)
+            after.add(applied)
             next_seq = {k: base + 1 for k, base in applied.bases.items()}
-            seqs = []
-            for row in rows:
+            numbered = []
+            for a, row in zip(segment, rows, strict=True):
                 key = (row.agent, row.channel)
-                seqs.append(next_seq[key])
+                numbered.append((a, row, next_seq[key]))
                 next_seq[key] += 1
-            if small:  # no commands, one round
-                cur.execute(query("insert_events"), insert_params(segment, rows, seqs))
-                continue
-            numbered = list(zip(segment, rows, seqs, strict=True))
             lines = [copy_line(a, seq, row.tokens) for a, row, seq in numbered]
             commands = [(a.event, seq) for a, row, seq in numbered if row.kind in COMMANDS]
             # One write of preformatted text: psycopg's per-row adaptation was a third
@@ -250,9 +306,32 @@ class PostgresEventLog:
                 copy.write(b"".join(lines))
             for event, seq in commands:
                 effects += handle(cur, event, seq, self.defaults)
-        effects += [Compact(a, c) for a, c in sorted(compact)]
-        effects += [Arm(a, c, due) for (a, c), due in sorted(deadlines.items())]
-        return effects
+        return effects + after.effects()
+
+
+@dataclass
+class _After:
+    """What a batch's projections ask for once it has committed: compactions of windows
+    past the threshold, and idle timers."""
+
+    defaults: ConversationDefaults
+    compact: set[tuple[str, str]] = field(default_factory=set)
+    deadlines: dict[tuple[str, str], dt.datetime] = field(default_factory=dict)
+
+    def add(self, applied: projection.Applied) -> None:
+        """Take in one round's answers (a later round's deadline wins)."""
+        self.compact.update(applied.to_compact)
+        for key, timeout, activity in applied.active:
+            timeout = self.defaults.idle_timeout if timeout is None else timeout
+            if timeout > 0:
+                # Clamped: a log written before times were bounded may hold a last
+                # activity near year 9999, and the sum must not overflow.
+                self.deadlines[key] = min(activity, codec.LATEST) + dt.timedelta(seconds=timeout)
+
+    def effects(self) -> list[Effect]:
+        """Compactions, then timer arms, each in conversation order."""
+        compact: list[Effect] = [Compact(a, c) for a, c in sorted(self.compact)]
+        return compact + [Arm(a, c, due) for (a, c), due in sorted(self.deadlines.items())]
 
 
 # A batch this small, of messages only (no commands, attachments or redelivery), is
@@ -260,17 +339,30 @@ class PostgresEventLog:
 PIPELINED_MAX: Final = 64
 
 
-def _pipelined(batch: Sequence[Accepted], check_stored: bool) -> bool:
+def _pipelined(
+    conn: psycopg.Connection[TupleRow], batch: Sequence[Accepted], check_stored: bool
+) -> bool:
     return (
         not check_stored
+        # A transaction left open on the connection (none is) would be nested: COPY then.
+        and conn.info.transaction_status == IDLE
         and len(batch) <= PIPELINED_MAX
         and not any(a.blobs or ev.kind_of(a.event) in COMMANDS for a in batch)
     )
 
 
-def _check_fence(fence: psycopg.Cursor[TupleRow], shard: int, epoch: int) -> None:
-    if fence.fetchone() is None:
-        raise Fenced(f"shard {shard}: epoch {epoch} is older than the last writer's")
+def _conversation(a: Accepted) -> tuple[str, str]:
+    return (a.event.agent, a.event.channel)
+
+
+def _first_failure(e: psycopg.Error) -> psycopg.Error:
+    """The error of the statement that failed in a pipeline. psycopg raises it, unless
+    the answers came in two reads and the second held only the skipped statements:
+    then it raises their `PipelineAborted`, with the failure as its context."""
+    cause = e.__context__
+    if isinstance(e, psycopg.errors.PipelineAborted) and isinstance(cause, psycopg.Error):
+        return cause
+    return e
 
 
 class MemoryEventLog:

@@ -114,36 +114,53 @@ def apply(
     threads: dict[ThreadKey, ThreadChange],
     default_budget: int = 0,
 ) -> Applied:
-    """Write the changes (sequence numbers reserved) and find windows to compact.
+    """Write the changes (sequence numbers reserved) and find windows to compact."""
+    return send(cur, convs, threads, default_budget).read()
+
+
+class Sent(NamedTuple):
+    """A batch's changes, sent; their answers are read by `read`."""
+
+    convs: dict[Conv, ConversationChange]
+    conversations: psycopg.Cursor[TupleRow]
+    compacting: psycopg.Cursor[TupleRow] | None
+
+    def read(self) -> Applied:
+        """What the two statements answered (on a connection in pipeline mode, reading
+        before the pipeline's sync costs a round trip of its own)."""
+        rows = self.conversations.fetchall()
+        compacting = self.compacting
+        to_compact = [] if compacting is None else [(r[0], r[1]) for r in compacting.fetchall()]
+        convs = self.convs
+        bases = {(r[0], r[1]): int(r[2]) - convs[(r[0], r[1])].count for r in rows}
+        # A conversation with new messages, or whose idle timeout changed, (re)arms its
+        # timer: `/context settings idle=5s` takes effect now, not at the next message.
+        active = [
+            ((r[0], r[1]), r[3], r[4])
+            for r in rows
+            if r[4] is not None and _rearms(convs[(r[0], r[1])])
+        ]
+        return Applied(bases, to_compact, active)
+
+
+def _rearms(change: ConversationChange) -> bool:
+    return bool(change.message_offset) or "idle_timeout" in change.settings
+
+
+def send(
+    cur: psycopg.Cursor[TupleRow],
+    convs: dict[Conv, ConversationChange],
+    threads: dict[ThreadKey, ThreadChange],
+    default_budget: int = 0,
+) -> Sent:
+    """Send the changes without waiting for an answer.
 
     Conversations are written in sorted order, a fixed lock order, so two writers
-    cannot deadlock. Both statements are sent before either answer is read, so on a
-    connection in pipeline mode they travel together with whatever was queued before.
+    cannot deadlock. On a connection in pipeline mode both statements travel with
+    whatever was queued before and after them.
     """
-    keys = sorted(convs)
     conversations = cur.connection.cursor()
-    conversations.execute(
-        query("advance_conversations"),
-        {
-            "rows": msgspec.json.encode(
-                [
-                    {
-                        "agent": k[0],
-                        "channel": k[1],
-                        "n": c.count,
-                        "cleared": c.cleared_offset,
-                        "cleared_at": c.cleared_at,
-                        "activity": c.last_activity_at,
-                        "message": c.message_offset,
-                        "source": c.source,
-                        **c.settings,
-                    }
-                    for k in keys
-                    for c in (convs[k],)
-                ]
-            ).decode()
-        },
-    )
+    conversations.execute(query("advance_conversations"), {"rows": _conversation_rows(convs)})
     compacting = None
     if threads:
         compacting = cur.connection.cursor()
@@ -152,34 +169,47 @@ def apply(
             {
                 "default_budget": default_budget,
                 "compact_at": COMPACT_AT,
-                "rows": msgspec.json.encode(
-                    [
-                        {
-                            "agent": k[0],
-                            "channel": k[1],
-                            "thread": k[2],
-                            "n": t.messages,
-                            "tokens": t.tokens,
-                            "activity": t.last_activity_at,
-                        }
-                        for k in sorted(threads)
-                        for t in (threads[k],)
-                    ]
-                ).decode(),
+                "rows": _thread_rows(threads),
             },
         )
-    rows = conversations.fetchall()
-    to_compact = [] if compacting is None else [(r[0], r[1]) for r in compacting.fetchall()]
-    bases = {(r[0], r[1]): int(r[2]) - convs[(r[0], r[1])].count for r in rows}
-    # A conversation with new messages, or whose idle timeout changed, (re)arms its timer:
-    # `/context settings idle=5s` takes effect now, not at the next message.
-    active = [
-        ((r[0], r[1]), r[3], r[4])
-        for r in rows
-        if r[4] is not None
-        and (convs[(r[0], r[1])].message_offset or "idle_timeout" in convs[(r[0], r[1])].settings)
-    ]
-    return Applied(bases, to_compact, active)
+    return Sent(convs, conversations, compacting)
+
+
+def _conversation_rows(convs: dict[Conv, ConversationChange]) -> str:
+    return msgspec.json.encode(
+        [
+            {
+                "agent": k[0],
+                "channel": k[1],
+                "n": c.count,
+                "cleared": c.cleared_offset,
+                "cleared_at": c.cleared_at,
+                "activity": c.last_activity_at,
+                "message": c.message_offset,
+                "source": c.source,
+                **c.settings,
+            }
+            for k in sorted(convs)
+            for c in (convs[k],)
+        ]
+    ).decode()
+
+
+def _thread_rows(threads: dict[ThreadKey, ThreadChange]) -> str:
+    return msgspec.json.encode(
+        [
+            {
+                "agent": k[0],
+                "channel": k[1],
+                "thread": k[2],
+                "n": t.messages,
+                "tokens": t.tokens,
+                "activity": t.last_activity_at,
+            }
+            for k in sorted(threads)
+            for t in (threads[k],)
+        ]
+    ).decode()
 
 
 T = TypeVar("T")

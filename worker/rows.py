@@ -46,15 +46,15 @@ def copy_line(a: Accepted, seq: int, tokens: int) -> bytes:
 
 
 def insert_params(
-    batch: Sequence[Accepted], rows: Sequence[projection.Row], seqs: Sequence[int]
+    batch: Sequence[Accepted], rows: Sequence[projection.Row]
 ) -> dict[str, list[Any]]:
-    """The `insert_events` parameters: the rows `copy_line` would write, as columns."""
+    """The `insert_events` parameters: the rows `copy_line` would write, as columns, in
+    the order given (the query numbers them in that order)."""
     return {
         "ids": [a.event.event_id for a in batch],
         "agents": [r.agent for r in rows],
         "channels": [r.channel for r in rows],
         "threads": [r.thread for r in rows],
-        "seqs": list(seqs),
         "kinds": [r.kind for r in rows],
         "times": [a.event.occurred_at for a in batch],
         "tokens": [r.tokens for r in rows],

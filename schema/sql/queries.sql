@@ -9,23 +9,35 @@ JOIN events e USING (event_id, agent, channel);
 
 -- name: advance_checkpoint
 -- Fencing: a writer whose lease epoch is older than the last committed one is refused
--- (no row returned), so a stalled former owner can never commit after its successor.
+-- (the upsert returns no row) and the statement fails with SQLSTATE CL001
+-- (`contextlog_fence`, 008), which aborts the transaction: a stalled former owner can
+-- never commit after its successor, even with its COMMIT already sent in the same
+-- pipeline. The upsert still locks the row it refused, so the checkpoint stays the
+-- first lock a batch takes.
 -- It also takes the rebuild lock shared: `contextlog rebuild` holds it exclusively
 -- while it replays the log, so no batch lands half-way through a rebuild.
 -- And it queues a NOTIFY on `contextlog_commits`: Postgres delivers it only when the batch
 -- commits (never on rollback), so a reader waiting for an event (`wait_for`) wakes at the
 -- commit instead of polling. Same statement, so no extra round trip for ingest.
-INSERT INTO shard_checkpoints AS s (shard, epoch, last_entry_id, events, updated_at)
-SELECT %(shard)s, %(epoch)s, %(last_entry_id)s, %(events)s, now()
-FROM (SELECT pg_advisory_xact_lock_shared(%(rebuild_lock)s),
-             pg_notify('contextlog_commits', '')) AS rebuild_lock
-ON CONFLICT (shard) DO UPDATE
-    SET epoch = EXCLUDED.epoch,
-        last_entry_id = EXCLUDED.last_entry_id,
-        events = s.events + EXCLUDED.events,
-        updated_at = now()
-    WHERE s.epoch <= EXCLUDED.epoch
-RETURNING shard;
+WITH advanced AS (
+    INSERT INTO shard_checkpoints AS s (shard, epoch, last_entry_id, events, updated_at)
+    SELECT %(shard)s, %(epoch)s, %(last_entry_id)s, %(events)s, now()
+    FROM (SELECT pg_advisory_xact_lock_shared(%(rebuild_lock)s),
+                 pg_notify('contextlog_commits', '')) AS rebuild_lock
+    ON CONFLICT (shard) DO UPDATE
+        SET epoch = EXCLUDED.epoch,
+            last_entry_id = EXCLUDED.last_entry_id,
+            events = s.events + EXCLUDED.events,
+            updated_at = now()
+        WHERE s.epoch <= EXCLUDED.epoch
+    RETURNING shard
+)
+SELECT contextlog_fence(%(shard)s::integer, %(epoch)s::bigint, EXISTS (SELECT FROM advanced));
+
+-- name: count_checkpoint_events
+-- After a redelivery, the events of the batch that were new (the optimistic path counts
+-- them in `advance_checkpoint`).
+UPDATE shard_checkpoints SET events = events + %(events)s WHERE shard = %(shard)s;
 
 -- name: advance_conversations
 -- Rows come as one JSON document (encoded by msgspec): far cheaper to send than nine
@@ -84,11 +96,28 @@ COPY events (event_id, agent, channel, thread, seq, kind, occurred_at, tokens, p
 FROM STDIN;
 
 -- name: insert_events
--- The same rows as `copy_events`, for a batch small enough to ride a pipeline.
+-- The same rows as `copy_events`, for a batch small enough to ride a pipeline, numbered
+-- here rather than by the caller: so the rows need not wait for `advance_conversations`'
+-- answer, and the whole batch, COMMIT included, is sent at once. That statement ran
+-- before this one in the same transaction, so `last_seq` is already the conversation's
+-- new last seq: its k-th row of the batch (in order) gets last_seq - n + k, where
+-- n is how many rows it has here, the count it was advanced by (a pipelined batch is one
+-- round: every row of the batch is in this statement). A conversation row missing
+-- would leave seq NULL, which the column refuses: a loud failure, not a dropped row.
+-- ORDER BY: positions (the identity) are taken in the order the rows are sent, as
+-- COPY takes them.
 INSERT INTO events (event_id, agent, channel, thread, seq, kind, occurred_at, tokens, payload)
-SELECT * FROM unnest(%(ids)s::uuid[], %(agents)s::text[], %(channels)s::text[],
-                     %(threads)s::text[], %(seqs)s::bigint[], %(kinds)s::text[],
-                     %(times)s::timestamptz[], %(tokens)s::integer[], %(payloads)s::jsonb[]);
+SELECT x.event_id, x.agent, x.channel, x.thread,
+       c.last_seq - count(*) OVER conv + row_number() OVER (conv ORDER BY x.k),
+       x.kind, x.occurred_at, x.tokens, x.payload
+FROM unnest(%(ids)s::uuid[], %(agents)s::text[], %(channels)s::text[],
+            %(threads)s::text[], %(kinds)s::text[], %(times)s::timestamptz[],
+            %(tokens)s::integer[], %(payloads)s::jsonb[])
+     WITH ORDINALITY AS x(event_id, agent, channel, thread, kind, occurred_at, tokens,
+                          payload, k)
+LEFT JOIN conversations c ON c.agent = x.agent AND c.channel = x.channel
+WINDOW conv AS (PARTITION BY x.agent, x.channel)
+ORDER BY x.k;
 
 -- name: checkpoints
 SELECT shard, epoch, last_entry_id, events, updated_at FROM shard_checkpoints ORDER BY shard;

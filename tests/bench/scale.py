@@ -38,7 +38,7 @@ from contextlog.worker.eventlog import Accepted, PostgresEventLog
 from contextlog.worker.migrations import migrate
 from tests.bench.context import NOW, _fill_background, _fill_targets, _percentiles
 from tests.bench.harness import BenchEnv, Result, settle
-from tests.support.services import drop_database, with_database
+from tests.support.services import drop_database, migrate_layout, with_database
 
 ROUNDS, PER_ROUND = 10, 30
 APPEND_ROUNDS, APPEND_BATCHES, BATCH = 3, 10, 500
@@ -57,7 +57,8 @@ def sizes(events: int | None) -> list[int]:
 
 @contextmanager
 def twin(env: BenchEnv) -> Iterator[str]:
-    """A database of this run's own, migrated to 006 (the unpartitioned log); dropped."""
+    """A database of this run's own, migrated to 006 (the unpartitioned log; with the
+    fence function its writer calls, 008); dropped."""
     with psycopg.connect(env.database_url) as conn:
         name = str(conn.info.dbname) + "_flat"
     url = with_database(env.database_url, name)
@@ -65,7 +66,7 @@ def twin(env: BenchEnv) -> Iterator[str]:
         admin.execute(f'CREATE DATABASE "{name}"')
     try:
         with psycopg.connect(url) as conn:
-            migrate(conn, upto=6)
+            migrate_layout(conn, upto=6)
         yield url
     finally:
         drop_database(env.database_url, name)

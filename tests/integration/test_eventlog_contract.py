@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import itertools
+import logging
+import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
+from psycopg import pq
+from psycopg.rows import TupleRow
 
 from contextlog.producers.ids import uuid7
 from contextlog.schema import codec
@@ -17,6 +23,8 @@ from contextlog.schema import events as ev
 from contextlog.schema.errors import Fenced, ShardBusy, StorageRefused
 from contextlog.schema.queries import migrations
 from contextlog.worker.eventlog import (
+    FENCED,
+    PIPELINED_MAX,
     Accepted,
     EventLog,
     MemoryEventLog,
@@ -33,11 +41,13 @@ def accepted(
     text: str = "hi",
     entry: str = "1-0",
     event_id: uuid.UUID | None = None,
+    thread: str | None = None,
 ) -> Accepted:
     event = ev.MessagePosted(
         event_id=event_id or uuid7(),
         agent="alpha",
         channel=channel,
+        thread=thread,
         occurred_at=T0,
         role="user",
         content=text,
@@ -92,6 +102,78 @@ def test_an_older_epoch_is_fenced(backend: tuple[EventLog, str | None]) -> None:
     log.append(3, 1, [accepted(text="other shard")])  # epochs are per shard
     assert log.epochs() == {2: 5, 3: 1}
     assert [r[2] for r in seqs(log, url)] == ["new owner", "other shard"]
+
+
+def everything(db: str) -> dict[str, list[tuple[object, ...]]]:
+    """Every row a batch can write: the log, the projections, the checkpoints."""
+    with psycopg.connect(db) as conn:
+        return {
+            table: conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2").fetchall()
+            for table in ("events", "conversations", "threads", "shard_checkpoints")
+        }
+
+
+@pytest.mark.parametrize("size", [1, 3, PIPELINED_MAX + 1], ids=["one", "pipelined", "copied"])
+def test_a_fenced_batch_writes_nothing(
+    db: str, size: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The fence fails the stale writer's transaction in SQL (SQLSTATE CL001, before
+    anything else is written; a pipelined batch has sent its COMMIT already): no row,
+    no projection or checkpoint change, no commit notification, no warning from psycopg
+    (the error may arrive while the pipeline is still sending); the connection goes on."""
+    log = PostgresEventLog(psycopg.connect(db))
+    listener = psycopg.connect(db, autocommit=True)
+    log.append(2, 5, [accepted("general", "new owner", "5-0")])
+    before = everything(db)
+    listener.execute("LISTEN contextlog_commits")
+    stale = [accepted("general", "stale", "4-0"), accepted("other", "stale", "4-1", thread="t")]
+    stale += [accepted("general", f"stale {i}", f"4-{i + 2}") for i in range(size - 2)]
+    with caplog.at_level(logging.WARNING, logger="psycopg"):
+        for _ in range(5):
+            with pytest.raises(Fenced) as fenced:
+                log.append(2, 4, stale[:size])
+            assert isinstance(fenced.value.__cause__, psycopg.Error)
+            assert fenced.value.__cause__.sqlstate == FENCED
+    assert caplog.records == []
+    assert everything(db) == before
+    assert list(listener.notifies(timeout=0.2)) == []  # rolled back: nothing committed
+    assert log.append(2, 5, [accepted("general", "owner again", "6-0")]) == 1
+    assert len(list(listener.notifies(timeout=5, stop_after=1))) == 1
+    assert [r[2] for r in seqs(log, db)] == ["new owner", "owner again"]
+    listener.close()
+    log.close()
+
+
+def round_trips(conn: psycopg.Connection[TupleRow], action: Callable[[], object]) -> int:
+    """How many times `action` sends to the server and then waits for its answers, from
+    libpq's protocol trace (the server answers only at a Sync or Flush, so each turn
+    from frontend to backend messages is one round trip)."""
+    with tempfile.TemporaryFile("w+") as trace:
+        conn.pgconn.trace(trace.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            action()
+        finally:
+            conn.pgconn.untrace()
+        trace.seek(0)
+        sides = [line[0] for line in trace if line[:2] in ("F\t", "B\t")]
+    return sum(1 for a, b in itertools.pairwise(sides) if (a, b) == ("F", "B"))
+
+
+def test_a_bot_turn_commits_in_one_round_trip(db: str) -> None:
+    """A one-event append (and a small batch of several conversations and threads) is
+    one round trip: BEGIN to COMMIT in one pipeline sync, its answers read after it;
+    also once psycopg prepares the statements (after five runs)."""
+    log = PostgresEventLog(psycopg.connect(db))
+    for i in range(7):
+        one = [accepted("general", f"turn {i}", f"{i}-0")]
+        assert round_trips(log.conn, functools.partial(log.append, 0, 1, one)) == 1
+    several = mixed("rt-", 9)
+    assert round_trips(log.conn, functools.partial(log.append, 0, 1, several)) == 1
+    with psycopg.connect(db) as reader:  # committed: visible to another session
+        row = reader.execute("SELECT count(*) FROM events").fetchone()
+    assert row == (7 + len(several),)
+    log.close()
 
 
 def test_a_writer_stalled_inside_its_transaction_holds_the_shard_only_briefly(db: str) -> None:
@@ -219,41 +301,74 @@ def test_a_log_holding_a_year_9999_activity_still_takes_messages(db: str) -> Non
     log.close()
 
 
-def test_a_pipelined_small_batch_stores_what_a_copied_large_one_does(db: str) -> None:
-    """A batch of a few messages is INSERTed in pipeline mode (two round trips), a large
-    one COPYed: same rows, sequence numbers, token counts and projections."""
-    from contextlog.worker.eventlog import PIPELINED_MAX
+def mixed(prefix: str, entry: int) -> list[Accepted]:
+    """Three conversations interleaved, in two threads, with text COPY would misread."""
+    layout = [("a", None), ("b", "t1"), ("a", "t1"), ("c", None), ("b", None), ("a", None)]
+    return [
+        accepted(f"{prefix}{c}", f"{c} {i}\twith 'quote', \\ and ünïcode", f"{entry}-{i}", thread=t)
+        for i, (c, t) in enumerate(layout)
+    ]
 
-    texts = [f"message {i} with\ttab, 'quote', \\ backslash and ünïcode" for i in range(3)]
-    small = [accepted("small", t, f"{i + 1}-0") for i, t in enumerate(texts)]
-    filler = [accepted("filler", "x", f"9-{i}") for i in range(PIPELINED_MAX)]
-    large = [accepted("large", t, f"{i + 10}-0") for i, t in enumerate(texts)] + filler
+
+def stored(db: str, prefix: str) -> dict[str, list[tuple[object, ...]]]:
+    """What a conversation-prefixed part of the log and its projections hold, by the
+    conversations' names without the prefix, rows in log order (position)."""
+    n = len(prefix)
+    with psycopg.connect(db) as conn:
+        out = {
+            name: [(r[0][n:], *r[1:]) for r in conn.execute(sql, (prefix + "%",)).fetchall()]
+            for name, sql in (
+                (
+                    "events",
+                    "SELECT channel, seq, thread, kind, occurred_at, tokens,"
+                    " payload->'content' FROM events WHERE channel LIKE %s ORDER BY position",
+                ),
+                (
+                    "conversations",
+                    "SELECT channel, last_seq, last_message_seq, last_activity_at"
+                    " FROM conversations WHERE channel LIKE %s ORDER BY channel",
+                ),
+                (
+                    "threads",
+                    "SELECT channel, thread, message_count, window_tokens FROM threads"
+                    " WHERE channel LIKE %s ORDER BY channel, thread",
+                ),
+            )
+        }
+    return out
+
+
+def test_a_pipelined_small_batch_stores_what_a_copied_large_one_does(db: str) -> None:
+    """A batch of a few messages is INSERTed in pipeline mode, numbered in SQL, a large
+    one COPYed, numbered in Python: same rows, sequence numbers (after a history, across
+    conversations and threads mixed in one batch), log order, token counts and
+    projections; and the same numbers as the in-memory contract's."""
+    history = [("a", None), ("a", "t1"), ("b", None)]
     log = PostgresEventLog(psycopg.connect(db))
+    memory = MemoryEventLog()
     try:
-        assert log.append(0, 1, small) == 3
-        assert log.append(1, 1, large) == 3 + PIPELINED_MAX
+        for prefix in ("small-", "large-"):
+            first = [accepted(f"{prefix}{c}", "old", "1-0", thread=t) for c, t in history]
+            assert log.append(0, 1, first) == 3
+        memory.append(0, 1, [accepted(f"small-{c}", "old", "1-0", thread=t) for c, t in history])
+        small = mixed("small-", 2)
+        filler = [accepted("filler", "x", f"9-{i}") for i in range(PIPELINED_MAX)]
+        assert log.append(0, 1, small) == 6
+        assert log.append(1, 1, mixed("large-", 2) + filler) == 6 + PIPELINED_MAX
+        assert memory.append(0, 1, small) == 6
         assert log.append(0, 1, small[:1]) == 0  # a redelivery: absorbed, not doubled
     finally:
         log.close()
-    with psycopg.connect(db) as conn:
-        rows = conn.execute(
-            "SELECT channel, seq, thread, kind, occurred_at, tokens, payload->'content'"
-            " FROM events WHERE channel IN ('small', 'large') ORDER BY channel DESC, seq"
-        ).fetchall()
-        convs = conn.execute(
-            "SELECT channel, last_seq, last_message_seq, last_activity_at FROM conversations"
-            " WHERE channel IN ('small', 'large') ORDER BY channel DESC"
-        ).fetchall()
-        threads = conn.execute(
-            "SELECT channel, message_count, window_tokens FROM threads"
-            " WHERE channel IN ('small', 'large') ORDER BY channel DESC"
-        ).fetchall()
-    by = {"small": [r[1:] for r in rows if r[0] == "small"]}
-    by["large"] = [r[1:] for r in rows if r[0] == "large"]
-    assert by["small"] == by["large"] and len(by["small"]) == 3
-    assert [r[-1] for r in by["small"]] == texts
-    assert convs[0][1:] == convs[1][1:] == (3, 3, T0)
-    assert threads[0][1:] == threads[1][1:]
+    by_small, by_large = stored(db, "small-"), stored(db, "large-")
+    assert by_small == by_large
+    assert [r[:2] for r in by_small["events"]] == [
+        *[("a", 1), ("a", 2), ("b", 1)],  # the history
+        # The batch grouped by conversation (a round, as the fold sees it).
+        *[("a", 3), ("a", 4), ("a", 5), ("b", 2), ("b", 3), ("c", 1)],
+    ]
+    in_memory = sorted((a.event.channel[len("small-") :], seq) for seq, a in memory.rows)
+    assert in_memory == sorted(r[:2] for r in by_small["events"])
+    assert by_small["conversations"] == [("a", 5, 5, T0), ("b", 3, 3, T0), ("c", 1, 1, T0)]
 
 
 def test_an_event_id_is_unique_within_its_conversation(

@@ -21,7 +21,7 @@ from contextlog.worker.eventlog import Accepted, PostgresEventLog
 from contextlog.worker.migrations import migrate
 from contextlog.worker.rebuild import rebuild
 from tests.integration.test_rebuild import snapshot
-from tests.support.services import drop_database, with_database
+from tests.support.services import drop_database, migrate_layout, with_database
 
 T0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 NOW = T0 + dt.timedelta(hours=2)
@@ -30,13 +30,14 @@ IMAGE = b"\x89PNG" + bytes(range(256)) * 40
 
 @pytest.fixture
 def at_006(database_url: str) -> Iterator[str]:
-    """A database of its own, migrated up to 006 only (as the last release left it)."""
+    """A database of its own, its tables migrated up to 006 only (as the last release
+    left them), with the fence function (008) the writer that fills it calls."""
     name = f"contextlog_006_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(database_url, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     url = with_database(database_url, name)
     with psycopg.connect(url) as conn:
-        assert migrate(conn, upto=6)[-1] == "006_window_start"
+        assert migrate_layout(conn, upto=6)[-2:] == ["006_window_start", "008_fence"]
     yield url
     drop_database(database_url, name)
 

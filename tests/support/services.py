@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
-from typing import NoReturn
+from typing import Final, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
 import redis
+from psycopg.rows import TupleRow
 
+from contextlog.schema.queries import migrations
 from contextlog.worker.migrations import migrate
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -42,6 +44,28 @@ def create_database(base_url: str, name: str) -> str:
     with psycopg.connect(url) as conn:
         migrate(conn)
     return url
+
+
+# Migrations that only add functions today's `PostgresEventLog` calls (008: the fence).
+WRITER_FUNCTIONS: Final = frozenset({8})
+
+
+def migrate_layout(conn: psycopg.Connection[TupleRow], upto: int) -> list[str]:
+    """Migrate up to `upto` (the tables as that release left them) plus the later
+    function-only migrations today's writer calls, so tests can fill the database with
+    today's `PostgresEventLog`; `migrate` applies the others later, in order. Returns
+    the names applied."""
+    applied = migrate(conn, upto=upto)
+    with conn.transaction():
+        for m in migrations():
+            if m.version > upto and m.version in WRITER_FUNCTIONS:
+                conn.execute(m.sql.encode())
+                conn.execute(
+                    "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
+                    (m.version, m.name),
+                )
+                applied.append(f"{m.version:03d}_{m.name}")
+    return applied
 
 
 def drop_database(base_url: str, name: str) -> None:
