@@ -67,22 +67,21 @@ PUSH_BATCH = 1000
 TABLE = "lc_chat_history"
 
 
-# What limits the bot turn where we are slower (py-spy and cProfile of ingest and of the
-# reader, 2026-11-22, this box); kept beside the figures, refreshed by hand when it changes.
+# What limits the bot turn (a trace of ingest's phases beside the bench's, and cProfile of
+# the reader, 2026-11-23, this box); kept beside the figures, refreshed by hand.
 LIMITS = (
-    "Where a 100-message bot turn goes (profile): the read alone (three pipelined queries, "
-    "then `build_context` over the whole window) is ~3.3 ms p50 idle, more than langchain's "
-    "whole turn (~2.5 ms); post-to-visible is ~6 ms: XADD, the XREADGROUP wake-up, the "
-    "XPENDING check for a former owner's entries, then a one-event append of ~2.7 ms "
-    "(7 Postgres round trips: BEGIN, checkpoint, conversations, threads, COPY start and end, "
-    "COMMIT at ~0.55 ms with fsync) against 0.5 ms for INSERT + COMMIT, each round trip a "
-    "context switch on a 2-core box that Postgres, Redis, ingest and the bench share.",
-    "What would move it: reads bounded by the budget (issue 12 item 2: fetch and repair only "
-    "the rows that fit) and a one-round-trip append for small batches (checkpoint, "
-    "conversations and threads in one pipeline, INSERT instead of COPY pipelined with "
-    "COMMIT). Done here: `wait_for` wakes on the commit (LISTEN/NOTIFY) in two round trips "
-    "instead of polling every 5 ms, and the XPENDING check rides in the XREADGROUP's "
-    "pipeline.",
+    "Where a 100-message bot turn goes (p50, traced): XADD ~0.7 ms (0.2 ms with no consumer "
+    "blocked: the woken ingest takes the producer's core), ingest's read and decode "
+    "~0.25 ms, the append to COMMIT (one round trip since issue 12.1's pipelined append; "
+    "~1 ms alone, more while the reader and Redis share the 2 cores), then the read after "
+    "the commit notification: look + unlisten + three reads in one round trip (~1 ms; with "
+    "the reader's known rows only the messages posted since its last read carry a payload) "
+    "and `build_context` (~0.3 ms).",
+    "What would move it: fewer processes on the path (the producer, Redis, ingest and "
+    "Postgres each take a turn on 2 cores, against langchain's one INSERT + SELECT); the "
+    "window query's remaining per-row work over the known rows (it still sums and returns "
+    "each kept row's position, ~0.4 ms at 100 rows); arming idle timers after the read "
+    "instead of beside it.",
 )
 
 
