@@ -142,13 +142,10 @@ def assemble(
     )
 
 
-def complete(rows: Sequence[Row] | None) -> bool:
+def complete(rows: Sequence[Row]) -> bool:
     """Whether the bounded fetch holds a turn to start at (a user message answering no
     tool call); if not (the newest exchange alone passes the coarse cut, or a tool
-    cycle spans it), the reader fetches the whole window instead: rare, and correct.
-    None (a known row the reader no longer holds) is not complete either."""
-    if rows is None:
-        return False
+    cycle spans it), the reader fetches the whole window instead: rare, and correct."""
     return not rows or any(
         r[3] == "user" and clean_start(r[3], _content.decode(r[4])) for r in rows
     )
