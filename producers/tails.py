@@ -1,12 +1,11 @@
 """What a reader remembers of each thread's last read, so the next one costs what changed.
 
-The `window_messages` query takes two things from a reader's last read of a thread:
-
-- the tail hint: the first row it returned (seq, event id, `before`: the tokens of the
-  window ahead of it) and that read's window key. While the key holds, the query sums
-  only from that row on, not the whole window;
-- the known rows: the rows it returned, up to `known_seq`. While the hint holds, the
-  query sends those back without their payload and the reader fills them in from here.
+The `window_messages` query takes the tail hint of a reader's last read of a thread: the
+last row it returned (seq, event id, `before`: the tokens of the window ahead of it) and
+that read's window key. While the key holds, the query reads only from that row on: the
+hint's row comes back without its payload, the new rows with theirs, and every row says
+where the budget's cut is now (`at`). The rows ahead of the hint that the cut keeps are
+the last read's: the reader keeps them here (`fill`). A read costs what changed.
 
 The query checks the hint against the window's definition and the event stored at its
 seq, and ignores a stale one, so a hint is never wrong, only useless. Rows are kept as
@@ -22,8 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-Row = tuple[Any, ...]  # window_messages: seq, occurred_at, tokens, role, content, before, wkey, id
-Known = dict[int, Row]  # seq -> the row as the last read returned it
+# window_messages: seq, occurred_at, tokens, role, content, before, wkey, event id, at
+Row = tuple[Any, ...]
+Known = dict[int, Row]  # seq -> the row as the last read returned it, in seq order
 
 # A read without a tail hint: the whole window is summed and every payload sent.
 NO_HINT: Final[dict[str, Any]] = {
@@ -31,9 +31,8 @@ NO_HINT: Final[dict[str, Any]] = {
     "hint_seq": None,
     "hint_id": None,
     "hint_before": None,
-    "known_seq": None,
 }
-SEQ, TOKENS, BEFORE, WKEY, EVENT_ID = 0, 2, 5, 6, 7  # a known row has no event id
+SEQ, TOKENS, BEFORE, WKEY, EVENT_ID, AT = 0, 2, 5, 6, 7, 8  # a bare row has no event id
 
 
 @dataclass(frozen=True)
@@ -68,13 +67,12 @@ class Tails:
         """Remember what a read returned (complete rows, as `fill` gives them)."""
         if not rows:
             return
-        first = rows[0]
+        last = rows[-1]
         hint = {
-            "hint_key": first[WKEY],
-            "hint_seq": first[SEQ],
-            "hint_id": first[EVENT_ID],
-            "hint_before": first[BEFORE],
-            "known_seq": rows[-1][SEQ],
+            "hint_key": last[WKEY],
+            "hint_seq": last[SEQ],
+            "hint_id": last[EVENT_ID],
+            "hint_before": last[BEFORE],
         }
         tail = Tail(hint, {r[SEQ]: r for r in rows}, sum(r[TOKENS] for r in rows))
         key = _key(params)
@@ -90,19 +88,18 @@ class Tails:
 
 
 def fill(rows: Sequence[Row], known: Known) -> list[Row] | None:
-    """The rows with the payload of known rows (sent without it) filled in; None if one
-    is not known (cannot happen while the query honours `known_seq`; the caller then
-    reads the whole window)."""
-    out = []
-    for r in rows:
-        if r[EVENT_ID] is not None:
-            out.append(r)
-            continue
-        had = known.get(r[SEQ])
-        if had is None:
-            return None
-        out.append((r[0], had[1], r[2], had[3], had[4], r[5], r[6], had[7]))
-    return out
+    """The kept rows in full. A hinted read starts with the hint's row, bare: it and the
+    known rows ahead of it that the cut keeps come from `known`. None if that row is
+    not known (cannot happen while the hint and `known` come from one read; the caller
+    then reads the whole window)."""
+    if not rows or rows[0][EVENT_ID] is not None:
+        return list(rows)  # no hint, or the cut passed every known row
+    first = rows[0]
+    had = known.get(first[SEQ])
+    if had is None:
+        return None
+    ahead = [r for r in known.values() if r[SEQ] < first[SEQ] and r[BEFORE] >= first[AT]]
+    return [*ahead, had, *rows[1:]]
 
 
 def _key(params: dict[str, Any]) -> tuple[str, str, str]:

@@ -157,20 +157,18 @@ WHERE c.agent = %(agent)s AND c.channel = %(channel)s;
 -- half a budget, so one trim serves many turns; only those rows are fetched and
 -- decoded (`bounded`), whatever the window's length.
 --
--- The tail hint (issue 12.2: a read costs what the budget keeps, not what the window
--- holds): a reader passes a row of its last read (`hint_seq`, its event id `hint_id`, its
--- `hint_before`) and that read's `wkey` (the window's definition: edge, clear,
--- compaction, restore; and the budget, whose growth moves the kept part's start back).
--- While `wkey` is unchanged, rows before `hint_seq` are the same rows (the log is
--- append-only and seqs only grow) and the kept part starts at or after it, so the
--- window's sums start from `hint_before` and only rows from `hint_seq` on are read, by
--- the (agent, channel, seq) key. Any other `wkey`, or no hint: the whole window is
--- summed. Either way the answer is the same.
---
--- Known rows: a reader that still holds the rows of that last read (up to `known_seq`)
--- gets those back without their payload (event_id, occurred_at, role and content NULL;
--- it fills them in), only while the hint holds: the same seq is then the same row.
--- Content comes as JSON text, which the reader keeps and decodes (producers/tails.py).
+-- The tail hint (issue 12.2: a read costs what changed, not what the window or the budget
+-- holds): a reader passes the last row of its last read (`hint_seq`, its event id
+-- `hint_id`, its `hint_before`) and that read's `wkey` (the window's definition: edge,
+-- clear, compaction, restore; and the budget, whose growth moves the kept part's start
+-- back). While `wkey` is unchanged, rows up to `hint_seq` are the same rows (the log is
+-- append-only and seqs only grow), the reader holds every one of them the cut can still
+-- keep (the cut only moves forward), and the window's sums go on from `hint_before`: only
+-- rows from `hint_seq` on are read, by the (agent, channel, seq) key, and the hint's own
+-- row comes back without its payload (event_id, occurred_at, role and content NULL). The
+-- reader adds its rows ahead of the hint that the cut (`at`, on every row) keeps
+-- (producers/tails.py). Any other `wkey`, or no hint: the whole window is summed and every
+-- kept row sent. Either way the kept rows are the same.
 WITH c AS (
     SELECT cleared_seq, restored_seqs, restored_at, cutoff, compacted,
            coalesce(token_budget, %(default_budget)s) AS budget,
@@ -241,13 +239,13 @@ WITH c AS (
     WHERE s.before >= cut.at OR s.seq = cut.last
 )
 SELECT k.seq, e.occurred_at, k.tokens, e.payload->>'role', (e.payload->'content')::text,
-       k.before::bigint, c.wkey, e.event_id
+       k.before::bigint, c.wkey, e.event_id, cut.at::bigint
 -- One lookup by key per kept row not known to the reader, whatever the planner
 -- estimates (LIMIT keeps the subquery from being flattened into a join; MATERIALIZED
 -- above for the same reason: a fresh table has no statistics, and a plan that joins
 -- first reads every payload of the window, or sums the window once per row).
-FROM k CROSS JOIN c
-CROSS JOIN (SELECT coalesce((SELECT %(known_seq)s::bigint FROM h), 0) AS seq) known
+FROM k CROSS JOIN c CROSS JOIN cut
+CROSS JOIN (SELECT coalesce((SELECT seq FROM h), 0) AS seq) known
 LEFT JOIN LATERAL (
     SELECT e.occurred_at, e.payload, e.event_id FROM events e
     WHERE e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq = k.seq

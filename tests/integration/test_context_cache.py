@@ -164,7 +164,7 @@ def fresh_context(db: str, now: dt.datetime, thread: str | None = None) -> Any:
 
 
 def test_reads_from_the_tail_hint_equal_reads_of_the_whole_window(db: str, log: Log) -> None:
-    """One reader, reading every turn from where its last read started, against a reader
+    """One reader, reading every turn from its last read's hint (its last row), against a reader
     with no hints, while the window grows past the budget, its edge moves, a clear, a
     restore and a second thread come and go, and the budget grows."""
     hinted = ContextReader.from_url(db, defaults=ConversationDefaults(token_budget=3_000))
@@ -236,50 +236,60 @@ def events_rows_scanned(conn: psycopg.Connection[Any], params: dict[str, Any]) -
     return walk(row[0][0]["Plan"])
 
 
-def test_a_hinted_read_reads_what_the_budget_keeps_not_the_window(db: str, log: Log) -> None:
+def test_a_hinted_read_reads_what_changed_not_the_window(db: str, log: Log) -> None:
     """A 2,000-message window at a budget that keeps ~60 of them: without a hint the read
-    visits every message's index entry; from the last read's hint, only the kept tail."""
+    visits every message's index entry; from the last read's hint, only the new rows."""
     for i in range(1_000):
         at = NOW - dt.timedelta(seconds=2_000 - 2 * i)
         log.say("user", f"question {i} " + "words " * 40, at)
         log.say("assistant", f"answer {i} " + "words " * 40, at)
     r = ContextReader.from_url(db, defaults=ConversationDefaults(token_budget=3_000))
     first = r.context("alpha", "general", now=NOW)  # learns the hint
-    params = r.tails.hint(window_params("alpha", "general", None, NOW, r.defaults, bounded=True))[0]
-    r.close()
-    assert params["hint_seq"] is not None
-    hinted = {**params, "known_seq": None}  # the hint alone: every kept row's payload
-    plain = {**params, **NO_HINT}
-    with psycopg.connect(db) as conn:
-        whole = conn.execute(query("window_messages"), plain).fetchall()
-        tail = conn.execute(query("window_messages"), hinted).fetchall()
-        summed, tailed = events_rows_scanned(conn, plain), events_rows_scanned(conn, hinted)
-    assert [row[:6] for row in tail] == [row[:6] for row in whole]
-    assert len(whole) < 80 and summed >= 2_000
-    assert tailed <= 3 * len(whole), (tailed, len(whole))
-    assert stored(tail) == stored(whole) and first.truncated
-
-
-def test_rows_a_reader_holds_come_back_without_their_payload(db: str, log: Log) -> None:
-    """The rows of the last read come back bare (the reader fills them in): the query
-    looks up the payload of the new rows alone, and the filled rows are the same."""
-    for i in range(300):
-        log.say("user" if i % 2 == 0 else "assistant", f"m{i} " + "words " * 40, NOW)
-    r = ContextReader.from_url(db, defaults=ConversationDefaults(token_budget=3_000))
-    r.context("alpha", "general", now=NOW)  # learns the hint and the rows
-    log.say("user", "new question", NOW)
+    for i in range(3):
+        log.say("user", f"late {i} " + "words " * 40, NOW)
     params, known = r.tails.hint(
         window_params("alpha", "general", None, NOW, r.defaults, bounded=True)
     )
     r.close()
-    assert params["known_seq"] == max(known) and len(known) > 20
-    hinted = {**params, "known_seq": None}
+    assert params["hint_seq"] == max(known)
+    plain = {**params, **NO_HINT}
     with psycopg.connect(db) as conn:
-        full = conn.execute(query("window_messages"), hinted).fetchall()
-        bare = conn.execute(query("window_messages"), params).fetchall()
-        looked, bare_looked = events_rows_scanned(conn, hinted), events_rows_scanned(conn, params)
-    assert [row[7] is None for row in bare] == [row[0] in known for row in full]
-    assert sum(row[7] is not None for row in bare) == 1  # the new question
-    assert fill(bare, known) == full
-    assert bare_looked == looked - len(known), (bare_looked, looked, len(known))
-    assert fill(bare, {}) is None  # rows it no longer holds: the reader reads them whole
+        whole = conn.execute(query("window_messages"), plain).fetchall()
+        tail = conn.execute(query("window_messages"), params).fetchall()
+        summed, tailed = events_rows_scanned(conn, plain), events_rows_scanned(conn, params)
+    assert len(whole) < 80 and summed >= 2_000 and first.truncated
+    assert len(tail) == 4 and tailed <= 3 * len(tail), (tailed, len(tail))
+    filled = fill(tail, known)
+    assert filled is not None and [row[:6] for row in filled] == [row[:6] for row in whole]
+    assert stored(filled) == stored(whole)
+
+
+def test_rows_a_reader_holds_come_back_without_their_payload(db: str, log: Log) -> None:
+    """The hint's row comes back bare and the reader adds the rows ahead of it that the
+    cut keeps: the query looks up the payload of the new rows alone, and the filled
+    rows are those of a read without a hint, also once the cut has moved."""
+    for i in range(300):
+        log.say("user" if i % 2 == 0 else "assistant", f"m{i} " + "words " * 40, NOW)
+    r = ContextReader.from_url(db, defaults=ConversationDefaults(token_budget=3_000))
+    r.context("alpha", "general", now=NOW)  # learns the hint and the rows
+    first_known = min(r.tails.hint(window_params("alpha", "general", None, NOW, r.defaults))[1])
+    for n in (1, 40):  # a new question; then enough to move the cut past some known rows
+        for i in range(n):
+            log.say("user", f"new question {n}.{i} " + "words " * 40, NOW)
+        params, known = r.tails.hint(
+            window_params("alpha", "general", None, NOW, r.defaults, bounded=True)
+        )
+        plain = {**params, **NO_HINT}
+        with psycopg.connect(db) as conn:
+            full = conn.execute(query("window_messages"), plain).fetchall()
+            bare = conn.execute(query("window_messages"), params).fetchall()
+            bare_looked = events_rows_scanned(conn, params)
+        assert bare[0][0] == params["hint_seq"] and bare[0][7] is None
+        assert sum(row[7] is not None for row in bare) == n  # the new questions
+        filled = fill(bare, known)
+        assert filled is not None and [row[:8] for row in filled] == [row[:8] for row in full]
+        assert bare_looked <= 2 * (n + 1), bare_looked
+        assert fill(bare, {}) is None  # rows it no longer holds: the reader reads them whole
+        r.tails.learn(window_params("alpha", "general", None, NOW, r.defaults), filled)
+    r.close()
+    assert full[0][0] > first_known  # the cut moved: known rows were left out
