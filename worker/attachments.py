@@ -153,4 +153,4 @@ def insert(cur: psycopg.Cursor[TupleRow], batch: Sequence[Accepted]) -> None:
 def stored(conn: psycopg.Connection[TupleRow], hashes: Sequence[str]) -> set[str]:
     """Which of `hashes` the `attachments` table holds."""
     rows = conn.execute(query("attachments_stored"), {"hashes": [bytes.fromhex(h) for h in hashes]})
-    return {bytes(r[0]).hex() for r in rows}
+    return {bytes(sha256).hex() for (sha256,) in rows}

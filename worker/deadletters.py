@@ -3,12 +3,17 @@ stream of versions before Redis Cluster support, seen as one list, newest first.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from contextlog.schema import keys
 from contextlog.worker.streams import Fields, id_key
 
-Letter = tuple[str, Fields]  # (dead-letter entry id, fields)
+
+class Letter(NamedTuple):
+    """One dead letter."""
+
+    entry_id: str  # in its dead-letter stream
+    fields: Fields
 
 
 def streams(shards: int) -> list[str]:
@@ -29,8 +34,8 @@ def newest(client: Any, shards: int, limit: int) -> list[Letter]:
     pipe = client.pipeline(transaction=False)
     for name in streams(shards):
         pipe.xrevrange(name, count=limit)
-    rows = [(_s(i), f) for reply in pipe.execute() for i, f in reply]
-    return sorted(rows, key=lambda row: id_key(row[0]), reverse=True)[:limit]
+    letters = [Letter(_s(i), f) for reply in pipe.execute() for i, f in reply]
+    return sorted(letters, key=lambda letter: id_key(letter.entry_id), reverse=True)[:limit]
 
 
 def by_reason(client: Any, shards: int) -> dict[str, int]:

@@ -133,7 +133,7 @@ def _show(settings: Settings, console: Console, ingest: subprocess.Popen[bytes])
     client: Any = producer.redis  # replies are bytes
     dead = deadletters.newest(client, producer.encoder.shards, 1)
     if dead:
-        fields = {k.decode(): v.decode() for k, v in dead[0][1].items()}
+        fields = {k.decode(): v.decode() for k, v in dead[0].fields.items()}
         console.print(
             f"[bold]5.[/bold] dead letter: reason=[yellow]{fields['reason']}[/yellow] "
             f"detail={fields['detail']!r}"

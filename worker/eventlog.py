@@ -142,7 +142,7 @@ class PostgresEventLog:
             self.conn.rollback()
         except psycopg.OperationalError as e:
             raise Unavailable(f"Postgres: {e}") from e
-        return {int(r[0]): int(r[1]) for r in rows}
+        return {int(shard): int(epoch) for shard, epoch in rows}
 
     def stored_attachments(self, hashes: Sequence[str]) -> set[str]:
         """See `EventLog.stored_attachments`."""

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 import psycopg
-from psycopg.rows import TupleRow
+from psycopg.rows import TupleRow, class_row
 
+from contextlog.producers.history import SessionMessage
 from contextlog.schema import events as ev
 from contextlog.schema import notices as nt
 from contextlog.schema.defaults import ConversationDefaults
@@ -23,6 +24,24 @@ from contextlog.worker import sessions
 from contextlog.worker.effects import Effect, Notice, Summarize
 
 Cursor = psycopg.Cursor[TupleRow]
+T = TypeVar("T")
+
+
+class FoundSession(NamedTuple):
+    """A row of `find_session` and `last_session`."""
+
+    agent: str
+    channel: str
+    session_id: str
+    seqs: list[int]
+    deleted_at: dt.datetime | None
+    summary: str | None
+
+
+def _rows_as(cur: Cursor, shape: type[T]) -> psycopg.Cursor[T]:
+    """A cursor in `cur`'s transaction whose rows are `shape`s, built by column name (a
+    query whose columns stop matching the fields fails, rather than shifting them)."""
+    return cur.connection.cursor(row_factory=class_row(shape))
 
 
 def notice(
@@ -67,10 +86,10 @@ def on_save(
 ) -> list[Effect]:
     """Snapshot the whole window (positions, not copies) as a new session."""
     params = {**_key(e), "seq": seq, "at": e.occurred_at, "default_window": d.rolling_window}
-    rows = cur.execute(query("save_window"), params).fetchall()
+    rows = _rows_as(cur, SessionMessage).execute(query("save_window"), params).fetchall()
     if not rows:
         return refused(e, "nothing to save: the context window is empty")
-    first = sessions.text_of(rows[0][5])
+    first = sessions.text_of(rows[0].content)
     return create_session(
         cur,
         e,
@@ -88,7 +107,7 @@ def create_session(
     cur: Cursor,
     e: ev.Event,
     seq: int,
-    rows: list[tuple[Any, ...]],
+    rows: list[SessionMessage],
     *,
     description: str | None,
     base: str | None,
@@ -98,10 +117,11 @@ def create_session(
     created_at: dt.datetime | None = None,
     extra: dict[str, Any] | None = None,
 ) -> list[Effect]:
-    """Insert a session over `rows` (seq, thread, occurred_at, tokens, ...), oldest first."""
+    """Insert a session over the messages `rows`, oldest first."""
     created = created_at or e.occurred_at
     wanted = base or sessions.session_id(created, description, first, ())
-    taken = {r[0] for r in cur.execute(query("session_ids_from"), {**_key(e), "base": wanted})}
+    ids = cur.execute(query("session_ids_from"), {**_key(e), "base": wanted})
+    taken = {session_id for (session_id,) in ids}
     sid = sessions.unique(wanted, taken)
     cur.execute(
         query("insert_session"),
@@ -113,15 +133,15 @@ def create_session(
             "description": description,
             "preview": sessions.preview(first),
             "message_count": len(rows),
-            "token_estimate": sum(int(r[3]) for r in rows),
+            "token_estimate": sum(r.tokens for r in rows),
             "auto": auto,
             "source": e.source,
             "provider": None,
             "model": None,
             **(extra or {}),
-            "seqs": [int(r[0]) for r in rows],
-            "window_start": rows[0][2],
-            "window_end": rows[-1][2],
+            "seqs": [r.seq for r in rows],
+            "window_start": rows[0].occurred_at,
+            "window_end": rows[-1].occurred_at,
             "summary": summary,
             "summary_local": False,
         },
@@ -137,17 +157,18 @@ def create_session(
     return effects
 
 
-def _find(cur: Cursor, e: ev.Event, ref: str) -> tuple[Any, ...] | str:
+def _find(cur: Cursor, e: ev.Event, ref: str) -> FoundSession | str:
     """This conversation's live session `ref` (or the newest for "last"), or why not."""
+    found = _rows_as(cur, FoundSession)
     if ref == sessions.LAST:
-        row = cur.execute(query("last_session"), _key(e)).fetchone()
+        row = found.execute(query("last_session"), _key(e)).fetchone()
         return row if row is not None else "there is no saved session to restore"
-    row = cur.execute(query("find_session"), {**_key(e), "session_id": ref}).fetchone()
+    row = found.execute(query("find_session"), {**_key(e), "session_id": ref}).fetchone()
     # Another conversation's session reads as unknown: a refusal must not tell a
     # user which ids other conversations use.
-    if row is None or (row[0], row[1]) != (e.agent, e.channel):
+    if row is None or (row.agent, row.channel) != (e.agent, e.channel):
         return f"there is no session {ref!r}"
-    if row[4] is not None:
+    if row.deleted_at is not None:
         return f"session {ref!r} was deleted"
     return row
 
@@ -159,7 +180,7 @@ def on_restore(
     found = _find(cur, e, e.session_id)
     if isinstance(found, str):
         return refused(e, found)
-    sid, seqs = found[2], list(found[3])
+    sid, seqs = found.session_id, list(found.seqs)
     params = {**_key(e), "seq": seq, "at": e.occurred_at, "seqs": seqs, "session_id": sid}
     cur.execute(query("restore_conversation"), params)
     cur.execute(query("reset_threads"), params)
@@ -175,8 +196,9 @@ def on_delete(
     found = _find(cur, e, e.session_id)
     if isinstance(found, str):
         return refused(e, found)
-    cur.execute(query("delete_session"), {**_key(e), "at": e.occurred_at, "session_id": found[2]})
-    return notice(e, nt.SESSION_DELETED, f"deleted session {found[2]}", session_id=found[2])
+    sid = found.session_id
+    cur.execute(query("delete_session"), {**_key(e), "at": e.occurred_at, "session_id": sid})
+    return notice(e, nt.SESSION_DELETED, f"deleted session {sid}", session_id=sid)
 
 
 def on_purge(
@@ -203,13 +225,14 @@ def on_summary(
     row = cur.execute(query("set_summary"), params).fetchone()
     if row is None:
         return []  # a session that is gone or already summarised
+    source, auto = row
     return notice(
         e,
         nt.SUMMARY_READY,
         e.summary,
-        source=row[0],
+        source=source,
         session_id=e.session_id,
-        auto=bool(row[1]),
+        auto=bool(auto),
         local=e.local,
         failed=e.failed,
     )
@@ -232,9 +255,10 @@ def on_compaction(
     done = cur.execute(query("compact_thread"), params).fetchone()
     if done is None or e.through_seq == 0:
         return []
+    _thread, source = done
     text = f"compacted the conversation up to message {e.through_seq}"
     # A job wrote the event, so it names no adapter: tell the conversation's.
-    return notice(e, nt.CONTEXT_COMPACTED, text, source=done[1], local=e.local)
+    return notice(e, nt.CONTEXT_COMPACTED, text, source=source, local=e.local)
 
 
 def on_import(
@@ -242,10 +266,10 @@ def on_import(
 ) -> list[Effect]:
     """Make a session of the messages the import pushed just before."""
     params = {**_key(e), "seq": seq, "import_id": str(e.import_id), "count": e.message_count}
-    found = cur.execute(query("imported_messages"), params).fetchall()
+    found = _rows_as(cur, SessionMessage).execute(query("imported_messages"), params).fetchall()
     if len(found) != e.message_count:
         return refused(e, f"import incomplete: {len(found)} of {e.message_count} messages arrived")
-    rows = found[::-1]  # as save_window's: (seq, thread, occurred_at, tokens, role, content)
+    rows = found[::-1]  # oldest first, as save_window's
     base = e.session_id if sessions.SESSION_ID.match(e.session_id) else None
     return create_session(
         cur,
@@ -254,7 +278,7 @@ def on_import(
         rows,
         description=e.description,
         base=base,
-        first=sessions.text_of(rows[0][5]),
+        first=sessions.text_of(rows[0].content),
         auto=e.auto,
         summary=e.summary,
         created_at=e.created_at,

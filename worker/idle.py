@@ -123,7 +123,10 @@ def read_states(
     }
     with reader.connection() as conn:
         rows = conn.execute(query("idle_states"), params).fetchall()
-    return {(r[0], r[1]): IdleState(*r[2:]) for r in rows}
+    return {
+        (agent, channel): IdleState(timeout, activity, message_seq, cleared_seq, saved_seq, source)
+        for agent, channel, timeout, activity, message_seq, cleared_seq, saved_seq, source in rows
+    }
 
 
 def check_many(

@@ -26,7 +26,7 @@ def migrate(conn: psycopg.Connection[TupleRow], *, upto: int | None = None) -> l
                 "CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY,"
                 " name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
             )
-            done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
+            done = {v for (v,) in conn.execute("SELECT version FROM schema_migrations")}
             for m in migrations():
                 if m.version in done or (upto is not None and m.version > upto):
                     continue

@@ -35,7 +35,8 @@ class Outbox:
         if not durable:
             return []
         rows = fx.to_rows(durable)
-        return [int(r[0]) for r in cur.execute(query("insert_effects"), {"rows": rows.decode()})]
+        kept = cur.execute(query("insert_effects"), {"rows": rows.decode()})
+        return [int(effect_id) for (effect_id,) in kept]
 
     def send(self, effects: list[Effect], ids: list[int]) -> None:
         """After commit: send a batch's effects, then forget the kept ones; on failure the
@@ -59,8 +60,9 @@ class Outbox:
                 params = {"older_than": older_than, "limit": limit}
                 rows = self.conn.execute(query("take_effects"), params).fetchall()
                 if rows:
-                    self.relay.send([fx.from_row(r[1], r[2]) for r in rows])
-                    self.conn.execute(query("delete_effects"), {"ids": [r[0] for r in rows]})
+                    self.relay.send([fx.from_row(kind, body) for _effect_id, kind, body in rows])
+                    ids = [effect_id for effect_id, _kind, _body in rows]
+                    self.conn.execute(query("delete_effects"), {"ids": ids})
         except psycopg.OperationalError as e:
             raise Unavailable(f"Postgres: {e}") from e
         return len(rows)

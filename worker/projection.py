@@ -130,16 +130,20 @@ class Sent(NamedTuple):
         before the pipeline's sync costs a round trip of its own)."""
         rows = self.conversations.fetchall()
         compacting = self.compacting
-        to_compact = [] if compacting is None else [(r[0], r[1]) for r in compacting.fetchall()]
-        convs = self.convs
-        bases = {(r[0], r[1]): int(r[2]) - convs[(r[0], r[1])].count for r in rows}
-        # A conversation with new messages, or whose idle timeout changed, (re)arms its
-        # timer: `/context settings idle=5s` takes effect now, not at the next message.
-        active = [
-            ((r[0], r[1]), r[3], r[4])
-            for r in rows
-            if r[4] is not None and _rearms(convs[(r[0], r[1])])
-        ]
+        to_compact: list[Conv] = []
+        if compacting is not None:
+            to_compact = [(agent, channel) for agent, channel in compacting.fetchall()]
+        bases: dict[Conv, int] = {}
+        active: list[tuple[Conv, int | None, dt.datetime]] = []
+        # Unpacked, not `class_row`: this runs for every ingest batch.
+        for agent, channel, last_seq, idle_timeout, last_activity_at in rows:
+            key = (agent, channel)
+            change = self.convs[key]
+            bases[key] = int(last_seq) - change.count
+            # A conversation with new messages, or whose idle timeout changed, (re)arms its
+            # timer: `/context settings idle=5s` takes effect now, not at the next message.
+            if last_activity_at is not None and _rearms(change):
+                active.append((key, idle_timeout, last_activity_at))
         return Applied(bases, to_compact, active)
 
 

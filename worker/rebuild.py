@@ -36,8 +36,7 @@ def rebuild(
     done = 0
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (REBUILD_LOCK,))
-        row = conn.execute("SELECT count(*) FROM events").fetchone()
-        total = int(row[0]) if row else 0
+        (total,) = conn.execute("SELECT count(*) FROM events").fetchone() or (0,)
         conn.execute("TRUNCATE conversations, threads, sessions")
         with conn.cursor(name="contextlog_replay") as source, conn.cursor() as cur:
             source.itersize = chunk
@@ -54,24 +53,34 @@ def _replay(
     cur: psycopg.Cursor[TupleRow], rows: list[tuple[Any, ...]], d: ConversationDefaults
 ) -> None:
     """Fold a chunk round by round, applying the commands as live ingest does."""
-    for segment in projection.rounds(rows, lambda r: (r[0], r[1]), lambda r: r[3] in COMMANDS):
-        projection.apply(
-            cur,
-            *projection.fold(
-                projection.Row(
-                    r[0],
-                    r[1],
-                    r[2],
-                    r[3],
-                    r[4],
-                    projection.settings_of(json.loads(r[7])) if r[3] == CONFIGURE else None,
-                    r[5],
-                    r[8],
-                )
-                for r in segment
-            ),
-            d.token_budget,
-        )
-        for r in segment:
-            if r[3] in COMMANDS:
-                handle(cur, codec.decode(r[7].encode(), 1 << 30, check=False), int(r[6]), d)
+    events, commands = _replayed(rows)
+    for segment in projection.rounds(events, _conversation, _is_command):
+        projection.apply(cur, *projection.fold(segment), d.token_budget)
+        for row in segment:
+            if _is_command(row):
+                seq, payload = commands[id(row)]
+                handle(cur, codec.decode(payload.encode(), 1 << 30, check=False), seq, d)
+
+
+def _replayed(
+    rows: list[tuple[Any, ...]],
+) -> tuple[list[projection.Row], dict[int, tuple[int, str]]]:
+    """A chunk of `replay_events` as the fold reads it, and each command's seq and payload
+    by the id of its row. Unpacked, not `class_row`: a rebuild reads the whole log."""
+    events = []
+    commands = {}
+    for agent, channel, thread, kind, occurred_at, tokens, seq, payload, source in rows:
+        settings = projection.settings_of(json.loads(payload)) if kind == CONFIGURE else None
+        row = projection.Row(agent, channel, thread, kind, occurred_at, settings, tokens, source)
+        events.append(row)
+        if kind in COMMANDS:
+            commands[id(row)] = (seq, payload)
+    return events, commands
+
+
+def _conversation(row: projection.Row) -> tuple[str, str]:
+    return (row.agent, row.channel)
+
+
+def _is_command(row: projection.Row) -> bool:
+    return row.kind in COMMANDS

@@ -95,8 +95,8 @@ def _retire_one(
         # (a restore then refuses, the log still has them), never in neither.
         out.flush()
         os.fsync(out.fileno())
-        row = cur.execute(query("retire_delete"), key).fetchone()
-    return int(row[0]) if row else 0
+        (deleted,) = cur.execute(query("retire_delete"), key).fetchone() or (0,)
+    return int(deleted)
 
 
 def restore(conn: psycopg.Connection[TupleRow], archive: Path) -> int:

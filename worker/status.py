@@ -246,7 +246,8 @@ def gather(
     counts from Postgres."""
     r: Any = client  # replies are bytes: decode_responses is off
     q: Any = queue_client if queue_client is not None else client
-    stored = {int(row[0]): int(row[3]) for row in conn.execute(query("checkpoints")).fetchall()}
+    checkpoints = conn.execute(query("checkpoints")).fetchall()
+    stored = {int(shard): int(events) for shard, _epoch, _entry_id, events, _at in checkpoints}
     conn.rollback()
     holders = _holders(r, shards)
     now_ms = int(now.timestamp() * 1000)
@@ -259,7 +260,7 @@ def gather(
     problems += gone
     lock = q.get(f"rq:scheduler-lock:{IDLE}")
     backlog, oldest = conn.execute(query("summary_backlog")).fetchone() or (0, None)
-    waiting = conn.execute(query("effects_waiting")).fetchone()
+    (waiting,) = conn.execute(query("effects_waiting")).fetchone() or (0,)
     conn.rollback()
     for q in queues:
         if (q.queued or q.overdue) and not workers:
@@ -272,7 +273,7 @@ def gather(
         scheduler=lock.decode() if lock else None,
         summary_backlog=int(backlog),
         oldest_pending_summary_age_s=None if oldest is None else (now - oldest).total_seconds(),
-        effects_waiting=int(waiting[0]) if waiting else 0,
+        effects_waiting=int(waiting),
         healthy=not problems,
         problems=problems,
         shards=rows,

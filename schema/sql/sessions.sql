@@ -10,7 +10,8 @@ WITH c AS (
                %(at)s, coalesce(rolling_window, %(default_window)s)) AS cutoff
     FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s
 )
-SELECT e.seq, e.thread, e.occurred_at, e.tokens, e.payload->>'role', e.payload->'content'
+SELECT e.seq, e.thread, e.occurred_at, e.tokens, e.payload->>'role' AS role,
+       e.payload->'content' AS content
 FROM c JOIN events e
   ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.kind = 'message.v1'
  AND e.occurred_at >= c.cutoff AND e.seq > c.cleared_seq AND e.seq < %(seq)s
@@ -117,8 +118,8 @@ RETURNING t.thread, c.source;
 
 -- name: imported_messages
 -- The messages an import pushed before its session_imported event, newest first.
-SELECT seq, thread, coalesce((payload->>'original_at')::timestamptz, occurred_at), tokens,
-       payload->>'role', payload->'content'
+SELECT seq, thread, coalesce((payload->>'original_at')::timestamptz, occurred_at) AS occurred_at,
+       tokens, payload->>'role' AS role, payload->'content' AS content
 FROM events
 WHERE agent = %(agent)s AND channel = %(channel)s AND seq < %(seq)s
   AND kind = 'imported_message.v1' AND payload->>'import_id' = %(import_id)s
