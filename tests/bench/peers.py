@@ -67,21 +67,26 @@ PUSH_BATCH = 1000
 TABLE = "lc_chat_history"
 
 
-# What limits the bot turn (a trace of ingest's phases beside the bench's, and cProfile of
-# the reader, 2026-11-23, this box); kept beside the figures, refreshed by hand.
+# What limits the bot turn (ingest's phases traced in its own process beside the bench's
+# marks, same monotonic clock; each piece also timed alone, hot and after a 20 ms pause,
+# 2026-11-23, this box, quiet); kept beside the figures, refreshed by hand.
 LIMITS = (
-    "Where a 100-message bot turn goes (p50, traced): XADD ~0.7 ms (0.2 ms with no consumer "
-    "blocked: the woken ingest takes the producer's core), ingest's read and decode "
-    "~0.25 ms, the append to COMMIT (one round trip since issue 12.1's pipelined append; "
-    "~1 ms alone, more while the reader and Redis share the 2 cores), then the read after "
-    "the commit notification: look + unlisten + three reads in one round trip (~1 ms; with "
-    "the reader's known rows only the messages posted since its last read carry a payload) "
-    "and `build_context` (~0.3 ms).",
-    "What would move it: fewer processes on the path (the producer, Redis, ingest and "
-    "Postgres each take a turn on 2 cores, against langchain's one INSERT + SELECT); the "
-    "window query's remaining per-row work over the known rows (it still sums and returns "
-    "each kept row's position, ~0.4 ms at 100 rows); arming idle timers after the read "
-    "instead of beside it.",
+    "Where a 100-message bot turn goes (p50, traced, quiet box, ~3.9 ms): XADD ~0.5 ms, "
+    "ingest's read and decode ~0.2 ms, the append to COMMIT ~1.65 ms (one round trip), "
+    "then the read after the commit notification ~1.3 ms (look + unlisten + three reads in "
+    "one round trip; the window query reads only the rows posted since the reader's last "
+    "read) and `build_context` ~0.35 ms.",
+    "What limits it is waking up, not work: every hop after the think-time pause runs cold. "
+    "The same one-event append is 0.64 ms back to back but 1.76 ms after a 20 ms pause "
+    "(`python -m tests.bench.append_latency`, with a sleep between appends; Postgres's own "
+    "statement durations add to ~0.9 ms of it, COMMIT's WAL flush 0.4), and the reader's "
+    "post-wake round trip 0.5 ms hot vs 1.0-1.1 ms after a pause; langchain's turn is two "
+    "hops (INSERT + COMMIT, SELECT) in one process, ours five (producer, Redis, ingest, "
+    "Postgres, reader). Arming idle timers off the path was tried: with them off entirely "
+    "the turn was no faster (the timer script runs while the reader waits on Postgres).",
+    "What would move it: fewer hops on a turn (a reader that serves the posted message from "
+    "the stream's pending entries while ingest stores it: a different read-your-writes "
+    "contract, not started), or fewer statements per hop.",
 )
 
 
