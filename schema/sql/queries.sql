@@ -170,14 +170,14 @@ WHERE c.agent = %(agent)s AND c.channel = %(channel)s;
 -- (producers/tails.py). Any other `wkey`, or no hint: the whole window is summed and every
 -- kept row sent. Either way the kept rows are the same.
 WITH c AS (
-    SELECT cleared_seq, restored_seqs, restored_at, cutoff, compacted,
+    SELECT cleared_seq, restored_seqs, restored_at, cutoff, compacted, last_seq,
            coalesce(token_budget, %(default_budget)s) AS budget,
            greatest(1, coalesce(token_budget, %(default_budget)s) / 2) AS step,
            concat_ws(' ', extract(epoch FROM cutoff)::bigint, cleared_seq, compacted,
                      coalesce(token_budget, %(default_budget)s),
                      CASE WHEN restored_at >= cutoff THEN restored_at END) AS wkey
     FROM (
-        SELECT cleared_seq, restored_seqs, restored_at, token_budget,
+        SELECT cleared_seq, restored_seqs, restored_at, token_budget, last_seq,
                coalesce((SELECT compacted_through_seq FROM threads
                          WHERE agent = %(agent)s AND channel = %(channel)s
                            AND thread = %(thread)s), 0) AS compacted,
@@ -211,11 +211,17 @@ WITH c AS (
     UNION ALL
     -- With a hint: the same two branches' rows from `hint_seq` on, by the seq key (the
     -- fence, OFFSET 0, keeps the thread's other conditions out of the index choice).
+    -- The range is bounded on both sides (up to the conversation's last seq): a planner
+    -- that knows neither bound when planning estimates a range at a small share of the
+    -- rows, where `seq >=` alone is a third, and a third of a partition one conversation
+    -- fills (a small deployment) is read faster by a sequential scan: every re-read would
+    -- scan the partition. EXISTS gates the scan when there is no hint.
     SELECT e.seq, e.tokens
     FROM c CROSS JOIN (
         SELECT e.seq, e.tokens, e.thread, e.kind, e.occurred_at FROM events e
         WHERE e.agent = %(agent)s AND e.channel = %(channel)s
-          AND e.seq >= (SELECT seq FROM h)
+          AND e.seq >= (SELECT seq FROM h) AND e.seq <= (SELECT last_seq FROM c)
+          AND EXISTS (SELECT FROM h)
         OFFSET 0
     ) e
     WHERE e.thread = %(thread)s AND e.kind = 'message.v1' AND e.seq > c.compacted

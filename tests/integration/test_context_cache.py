@@ -221,7 +221,8 @@ def test_rows_held_from_a_log_written_again_are_not_used(db: str, log: Log) -> N
 
 
 def events_rows_scanned(conn: psycopg.Connection[Any], params: dict[str, Any]) -> int:
-    """Rows the window query's scans of `events` returned (EXPLAIN ANALYZE, all nodes)."""
+    """Rows the window query's scans of `events` read: returned or filtered out (EXPLAIN
+    ANALYZE, all nodes), so a scan that reads a partition to keep a few rows counts all."""
     row = conn.execute(
         "EXPLAIN (ANALYZE, FORMAT JSON) " + query("window_messages"), params
     ).fetchone()
@@ -230,7 +231,8 @@ def events_rows_scanned(conn: psycopg.Connection[Any], params: dict[str, Any]) -
     def walk(node: dict[str, Any]) -> int:
         own = 0
         if str(node.get("Relation Name", "")).startswith("events"):
-            own = int(node["Actual Rows"]) * int(node["Actual Loops"])
+            read = int(node["Actual Rows"]) + int(node.get("Rows Removed by Filter", 0))
+            own = read * int(node["Actual Loops"])
         return own + sum(walk(child) for child in node.get("Plans", []))
 
     return walk(row[0][0]["Plan"])
@@ -253,7 +255,10 @@ def test_a_hinted_read_reads_what_changed_not_the_window(db: str, log: Log) -> N
     r.close()
     assert params["hint_seq"] == max(known)
     plain = {**params, **NO_HINT}
-    with psycopg.connect(db) as conn:
+    with psycopg.connect(db, autocommit=True) as conn:
+        # As autovacuum leaves a live database: with statistics, a planner that expected
+        # a third of this one-conversation partition from the hint on read all of it.
+        conn.execute("ANALYZE events")
         whole = conn.execute(query("window_messages"), plain).fetchall()
         tail = conn.execute(query("window_messages"), params).fetchall()
         summed, tailed = events_rows_scanned(conn, plain), events_rows_scanned(conn, params)
