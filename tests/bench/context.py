@@ -243,6 +243,26 @@ def _time_budgeted(env: BenchEnv, cold: bool) -> dict[str, Any]:
     }
 
 
+# What limits a first read at the budget (EXPLAIN ANALYZE of `window_messages` without a
+# tail hint, 10,000- and 1,000-message windows, analyzed database, 2026-11-23); kept
+# beside the figures it explains.
+FIRST_READ_LIMITS = (
+    "What limits a first read of a thread at the 16k budget (EXPLAIN ANALYZE of "
+    "`window_messages` without a tail hint): to know where the budget's cut falls it sums "
+    "the whole window: an index-only scan of every message's (time, seq, tokens) entry, "
+    "their total, then a running sum in seq order (a sort and a window function over every "
+    "row) to find the rows from the cut on; only the ~160 kept rows' payloads are fetched. "
+    "That part grows with the window: ~4.5 ms of a 10,000-message read, a tenth of that at "
+    "1,000. A re-read starts from its last read's row (the tail hint) and costs what "
+    "changed, hence 1.1x there. What would move a first read: a running token total stored "
+    "with each message at ingest (per thread, carried by the threads projection), so a "
+    "window's sum is two lookups and the cut one index probe. It needs a migration and a "
+    "new index, and holds only where the window is one contiguous run of the thread's "
+    "seqs: a message stamped earlier than one before it (producers' clocks disagree, "
+    "imports) breaks that, and such a window would fall back to today's sum. Not built."
+)
+
+
 def run(env: BenchEnv) -> Result:
     """Context reads at 1M and 10M events (`--events` caps both; a cap of 1M or less
     measures one size, and then no growth)."""
@@ -323,6 +343,7 @@ def run(env: BenchEnv) -> Result:
             "distinct 1 MiB images (stored once, put back as base64), reader cache off and "
             "on, beside the same window with a short text in their place."
         ),
+        notes=[FIRST_READ_LIMITS],
         details={
             "events": sizes,
             "measured": measured,
