@@ -381,6 +381,30 @@ def _line(label: str, m: dict[str, Any], stat: str, peer: str) -> str:
     )
 
 
+def _stream_cpu_line(ws: dict[str, Any]) -> str:
+    """What bounds the write stream on this machine: the CPU each side spends a message
+    (every process on the machine: producer, Redis, ingest, Postgres; or langchain and
+    Postgres), measured per round, and the rate the machine's cores allow at that cost."""
+    cores = ws["rounds"][0]["ours_cpu"]["cores"]
+    per: dict[str, float] = {}
+    for side in ("ours", "langchain"):
+        per[side] = statistics.median(
+            r[f"{side}_cpu"]["machine_busy_cpu_seconds"] / ws["messages"] * 1e6
+            for r in ws["rounds"]
+        )
+    return (
+        f"What limits the write stream: machine CPU a message, ours {per['ours']:.0f} us "
+        f"(the message is validated by the producer and by ingest, written to Redis and "
+        f"then to Postgres), langchain {per['langchain']:.0f} us (one multi-row INSERT a "
+        f"conversation); at that cost {cores:.0f} cores allow ours at most "
+        f"~{cores / per['ours'] * 1e6:,.0f} msg/s even fully busy, where 1.5x langchain is "
+        f"{1.5 * ws['langchain_median_msg_per_s']:,.0f}. What would move it: less CPU a "
+        "message in the producer and ingest (the ingest row's profile), and cores: on a "
+        "bigger machine producers, ingest processes and Postgres each get their own, while "
+        "the peer as run here writes from one thread."
+    )
+
+
 def run(env: BenchEnv) -> Result:
     """All three paths, interleaved rounds, against the peers."""
     m = _measure(env)
@@ -398,6 +422,7 @@ def run(env: BenchEnv) -> Result:
         f"ratio {ws['median_ratio']:.2f} (target ≥ 1.5; rounds "
         + ", ".join(f"{r['ratio']:.2f}" for r in ws["rounds"])
         + ").",
+        _stream_cpu_line(ws),
         _line("Read only, 1,000-msg window,", ro, "p50", "LangGraph `get_tuple`"),
         _line("Read only, 1,000-msg window,", ro, "p99", "LangGraph `get_tuple`"),
         f"Machine load average (1/5/15 min) at start {m['load_average_at_start']}, at end "
