@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from contextlog.worker.eventlog import Accepted
 
 
-def _copy_text(value: bytes) -> bytes:
+def _copy_bytes(value: bytes) -> bytes:
     """Escape a value for COPY's text format (backslash, tab, newline, carriage return)."""
     if b"\\" in value or b"\t" in value or b"\n" in value or b"\r" in value:
         value = value.replace(b"\\", b"\\\\").replace(b"\t", b"\\t")
@@ -24,25 +24,30 @@ def _copy_text(value: bytes) -> bytes:
     return value
 
 
+def _copy_str(value: str) -> str:
+    """`_copy_bytes` for a name. Names hold no control characters (`codec.decode`), so
+    the usual name needs one look at it; an old or unchecked one is still escaped."""
+    if "\\" in value or not value.isprintable():
+        value = value.replace("\\", "\\\\").replace("\t", "\\t")
+        value = value.replace("\n", "\\n").replace("\r", "\\r")
+    return value
+
+
 def copy_line(a: Accepted, seq: int, tokens: int) -> bytes:
-    """One `copy_events` row in COPY text format."""
+    """One `copy_events` row in COPY text format.
+
+    Formatted as one string, encoded once, with the entry's bytes (already JSON)
+    appended: an encode and an escape call per field were a fifth of ingest's CPU time.
+    The event id goes as 32 hex digits (`uuid` input takes them), cheaper than its
+    hyphenated form.
+    """
     e = a.event
-    return (
-        b"\t".join(
-            (
-                str(e.event_id).encode(),
-                _copy_text(e.agent.encode()),
-                _copy_text(e.channel.encode()),
-                _copy_text((e.thread or "").encode()),
-                str(seq).encode(),
-                ev.kind_of(e).encode(),
-                e.occurred_at.isoformat().encode(),
-                str(tokens).encode(),
-                _copy_text(a.payload),
-            )
-        )
-        + b"\n"
+    head = (
+        f"{e.event_id.hex}\t{_copy_str(e.agent)}\t{_copy_str(e.channel)}\t"
+        f"{_copy_str(e.thread or '')}\t{seq}\t{ev.TAGS[type(e)]}\t"
+        f"{e.occurred_at.isoformat()}\t{tokens}\t"
     )
+    return b"".join((head.encode(), _copy_bytes(a.payload), b"\n"))
 
 
 def insert_params(
