@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
@@ -111,7 +110,7 @@ def resolve(
             reason = attachments.MISSING if found.get(sha) is None else codec.INVALID
             rejected.append(Rejected(a.entry_id, {codec.ENTRY_FIELD: a.payload}, reason, problem))
         else:
-            accepted.append(replace(a, blobs=blobs) if blobs else a)
+            accepted.append(a._replace(blobs=blobs) if blobs else a)
     return accepted, rejected
 
 

@@ -10,7 +10,8 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from types import MappingProxyType
+from typing import Final, NamedTuple, Protocol
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -64,15 +65,21 @@ def bound_waits(conn: psycopg.Connection[TupleRow], lease_seconds: float) -> Non
     conn.commit()
 
 
-@dataclass(frozen=True)
-class Accepted:
-    """A decoded entry waiting to be appended: its stream id, event and original JSON."""
+_NO_BLOBS: Final[Mapping[str, bytes]] = MappingProxyType({})
+
+
+class Accepted(NamedTuple):
+    """A decoded entry waiting to be appended: its stream id, event and original JSON.
+
+    A named tuple, not a frozen dataclass: one is made per entry, and a frozen dataclass
+    costs twice as much to make (its __init__ sets each field through object.__setattr__).
+    """
 
     entry_id: str
     event: ev.AnyEvent
     payload: bytes
     # Attachment bytes (by sha256) to store with the event: set by `attachments.resolve`.
-    blobs: Mapping[str, bytes] = field(default_factory=dict)
+    blobs: Mapping[str, bytes] = _NO_BLOBS
 
 
 class EventLog(Protocol):
@@ -293,13 +300,15 @@ class PostgresEventLog:
             applied = projection.apply(cur, *projection.fold(rows), self.defaults.token_budget)
             after.add(applied)
             next_seq = {k: base + 1 for k, base in applied.bases.items()}
-            numbered = []
+            lines = []
+            commands = []
             for a, row in zip(segment, rows, strict=True):
                 key = (row.agent, row.channel)
-                numbered.append((a, row, next_seq[key]))
-                next_seq[key] += 1
-            lines = [copy_line(a, seq, row.tokens) for a, row, seq in numbered]
-            commands = [(a.event, seq) for a, row, seq in numbered if row.kind in COMMANDS]
+                seq = next_seq[key]
+                next_seq[key] = seq + 1
+                lines.append(copy_line(a, row, seq))
+                if row.kind in COMMANDS:
+                    commands.append((a.event, seq))
             # One write of preformatted text: psycopg's per-row adaptation was a third
             # of ingest's CPU time.
             with cur.copy(query("copy_events")) as copy:
