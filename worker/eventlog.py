@@ -292,17 +292,15 @@ class PostgresEventLog:
         then apply the commands that end the round."""
         effects: list[Effect] = []
         after = _After(self.defaults)
-        rows_of = {id(a): row_of(a.event) for a in fresh}
-        for segment in projection.rounds(
-            fresh, _conversation, lambda a: rows_of[id(a)].kind in COMMANDS
-        ):
-            rows = [rows_of[id(a)] for a in segment]
+        with_rows = [(a, row_of(a.event)) for a in fresh]
+        for segment in projection.rounds(with_rows, _row_conversation, _row_is_command):
+            rows = [row for _, row in segment]
             applied = projection.apply(cur, *projection.fold(rows), self.defaults.token_budget)
             after.add(applied)
             next_seq = {k: base + 1 for k, base in applied.bases.items()}
             lines = []
             commands = []
-            for a, row in zip(segment, rows, strict=True):
+            for a, row in segment:
                 key = (row.agent, row.channel)
                 seq = next_seq[key]
                 next_seq[key] = seq + 1
@@ -362,6 +360,14 @@ def _pipelined(
 
 def _conversation(a: Accepted) -> tuple[str, str]:
     return (a.event.agent, a.event.channel)
+
+
+def _row_conversation(item: tuple[Accepted, projection.Row]) -> tuple[str, str]:
+    return (item[1].agent, item[1].channel)
+
+
+def _row_is_command(item: tuple[Accepted, projection.Row]) -> bool:
+    return item[1].kind in COMMANDS
 
 
 def _first_failure(e: psycopg.Error) -> psycopg.Error:
