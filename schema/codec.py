@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import operator
 import re
 from itertools import accumulate
 from typing import Final
@@ -116,31 +117,40 @@ def _classify(message: str) -> str:
 
 
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
+# Each event type's names, read in one call (attrgetter of two or more fields: a tuple).
+_NAMES: Final = {cls: operator.attrgetter(*fields) for cls, fields in NAMES_OF.items()}
 
 
 def _check_names(event: AnyEvent) -> None:
-    """Names (agent, channel, thread, ...) must not hold control characters."""
-    fields = NAMES_OF[type(event)]
-    if not _CONTROL.search("".join([getattr(event, f) or "" for f in fields])):
+    """Names (agent, channel, thread, ...) must not hold control characters.
+
+    All of an event's names are looked at as one string. Control characters are not
+    printable, so a printable string passes at once; the pattern decides the rest (other
+    unprintable characters, such as a no-break space, are allowed)."""
+    joined = "".join(filter(None, _NAMES[type(event)](event)))
+    if joined.isprintable() or not _CONTROL.search(joined):
         return
+    fields = NAMES_OF[type(event)]
     bad = next(f for f in fields if _CONTROL.search(getattr(event, f) or ""))
     raise EventRejected(INVALID, f"control characters are not allowed - at `$.{bad}`")
 
 
 def _check_times(event: AnyEvent) -> None:
     """Every time an event carries lies in [EARLIEST, LATEST)."""
-    times: dict[str, dt.datetime | None] = {"occurred_at": event.occurred_at}
+    _check_time("occurred_at", event.occurred_at)
     if isinstance(event, MessageImported):
-        times["original_at"] = event.original_at
+        _check_time("original_at", event.original_at)
     elif isinstance(event, SessionImported):
-        times["created_at"] = event.created_at
-    for name, at in times.items():
-        if at is not None and not EARLIEST <= at < LATEST:
-            raise EventRejected(
-                INVALID,
-                f"{name} must be from {EARLIEST:%Y-%m-%d} to before {LATEST:%Y-%m-%d} (UTC),"
-                f" got {at.isoformat()} - at `$.{name}`",
-            )
+        _check_time("created_at", event.created_at)
+
+
+def _check_time(name: str, at: dt.datetime | None) -> None:
+    if at is not None and not EARLIEST <= at < LATEST:
+        raise EventRejected(
+            INVALID,
+            f"{name} must be from {EARLIEST:%Y-%m-%d} to before {LATEST:%Y-%m-%d} (UTC),"
+            f" got {at.isoformat()} - at `$.{name}`",
+        )
 
 
 def _check_semantics(event: AnyEvent) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
@@ -50,9 +49,17 @@ _MARKER: Final = b'"' + attachments.SOURCE_TYPE.encode() + b'"'
 
 
 def any_refs(batch: Sequence[Accepted]) -> bool:
-    """Whether an entry of the batch may reference an attachment: one look at each entry's
-    bytes, so a batch without any costs ingest next to nothing."""
-    return any(_MARKER in a.payload for a in batch)
+    """Whether an entry of the batch may reference an attachment: one look at the bytes
+    of each message with content blocks (only those have references, `refs_of`), so a
+    batch without any costs ingest next to nothing."""
+    return any(
+        _MARKER in a.payload
+        for a in batch
+        if isinstance(a.event, _MESSAGES) and not isinstance(a.event.content, str)
+    )
+
+
+_MESSAGES: Final = (ev.MessagePosted, ev.MessageImported)
 
 
 def groups(batch: Sequence[Accepted], limit: int = BATCH_BYTES) -> Iterator[list[Accepted]]:
@@ -111,7 +118,7 @@ def resolve(
             reason = attachments.MISSING if found.get(sha) is None else codec.INVALID
             rejected.append(Rejected(a.entry_id, {codec.ENTRY_FIELD: a.payload}, reason, problem))
         else:
-            accepted.append(replace(a, blobs=blobs) if blobs else a)
+            accepted.append(a._replace(blobs=blobs) if blobs else a)
     return accepted, rejected
 
 

@@ -5,6 +5,7 @@ Nothing connects at import time; every process (and every forked child) calls th
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 from collections.abc import Callable
@@ -38,6 +39,10 @@ from contextlog.worker.sweeper import Heartbeat, Loop
 from contextlog.worker.timers import IDLE, Timers
 
 PgConn = psycopg.Connection[TupleRow]
+
+# Net allocations of tracked objects (containers) between two young-generation collections
+# in an ingest process; Python's default is 700.
+INGEST_GC_THRESHOLD = 50_000
 log = structlog.get_logger("contextlog.bootstrap")
 
 if TYPE_CHECKING:
@@ -189,6 +194,22 @@ def build_ingest(
     claim_shard_count(client, settings.shards)
     streams = Streams(client, settings.consumer)
     return Ingest(settings, streams, open_event_log(settings, client), clock or SystemClock(), stop)
+
+
+def tune_gc_for_batches() -> None:
+    """Collect garbage less often in a process that holds whole batches: for ingest.
+
+    A batch holds ~10 tracked objects (event, dicts, rows, ...) per entry, thousands of
+    entries at a time, and frees them all when it is stored. At Python's default (a
+    collection every 700 net allocations) every batch was scanned several times and
+    pushed into the older generations, whose collections also walked every object the
+    imports made: 17% of ingest's CPU time. Here a young collection starts only past
+    INGEST_GC_THRESHOLD net allocations (cycles are still collected, later), and what
+    start-up made is frozen out of every collection. Call it once everything is built.
+    """
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(INGEST_GC_THRESHOLD, older, oldest)
 
 
 def build_worker(settings: Settings) -> ContextlogWorker:

@@ -68,7 +68,9 @@ def cmd_ingest(settings: Settings, args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    return bootstrap.build_ingest(settings, stop).run()
+    ingest = bootstrap.build_ingest(settings, stop)
+    bootstrap.tune_gc_for_batches()
+    return ingest.run()
 
 
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:

@@ -10,7 +10,8 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from types import MappingProxyType
+from typing import Final, NamedTuple, Protocol
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -64,15 +65,21 @@ def bound_waits(conn: psycopg.Connection[TupleRow], lease_seconds: float) -> Non
     conn.commit()
 
 
-@dataclass(frozen=True)
-class Accepted:
-    """A decoded entry waiting to be appended: its stream id, event and original JSON."""
+_NO_BLOBS: Final[Mapping[str, bytes]] = MappingProxyType({})
+
+
+class Accepted(NamedTuple):
+    """A decoded entry waiting to be appended: its stream id, event and original JSON.
+
+    A named tuple, not a frozen dataclass: one is made per entry, and a frozen dataclass
+    costs twice as much to make (its __init__ sets each field through object.__setattr__).
+    """
 
     entry_id: str
     event: ev.AnyEvent
     payload: bytes
     # Attachment bytes (by sha256) to store with the event: set by `attachments.resolve`.
-    blobs: Mapping[str, bytes] = field(default_factory=dict)
+    blobs: Mapping[str, bytes] = _NO_BLOBS
 
 
 class EventLog(Protocol):
@@ -285,21 +292,21 @@ class PostgresEventLog:
         then apply the commands that end the round."""
         effects: list[Effect] = []
         after = _After(self.defaults)
-        rows_of = {id(a): row_of(a.event) for a in fresh}
-        for segment in projection.rounds(
-            fresh, _conversation, lambda a: rows_of[id(a)].kind in COMMANDS
-        ):
-            rows = [rows_of[id(a)] for a in segment]
+        with_rows = [(a, row_of(a.event)) for a in fresh]
+        for segment in projection.rounds(with_rows, _row_conversation, _row_is_command):
+            rows = [row for _, row in segment]
             applied = projection.apply(cur, *projection.fold(rows), self.defaults.token_budget)
             after.add(applied)
             next_seq = {k: base + 1 for k, base in applied.bases.items()}
-            numbered = []
-            for a, row in zip(segment, rows, strict=True):
+            lines = []
+            commands = []
+            for a, row in segment:
                 key = (row.agent, row.channel)
-                numbered.append((a, row, next_seq[key]))
-                next_seq[key] += 1
-            lines = [copy_line(a, seq, row.tokens) for a, row, seq in numbered]
-            commands = [(a.event, seq) for a, row, seq in numbered if row.kind in COMMANDS]
+                seq = next_seq[key]
+                next_seq[key] = seq + 1
+                lines.append(copy_line(a, row, seq))
+                if row.kind in COMMANDS:
+                    commands.append((a.event, seq))
             # One write of preformatted text: psycopg's per-row adaptation was a third
             # of ingest's CPU time.
             with cur.copy(query("copy_events")) as copy:
@@ -353,6 +360,14 @@ def _pipelined(
 
 def _conversation(a: Accepted) -> tuple[str, str]:
     return (a.event.agent, a.event.channel)
+
+
+def _row_conversation(item: tuple[Accepted, projection.Row]) -> tuple[str, str]:
+    return (item[1].agent, item[1].channel)
+
+
+def _row_is_command(item: tuple[Accepted, projection.Row]) -> bool:
+    return item[1].kind in COMMANDS
 
 
 def _first_failure(e: psycopg.Error) -> psycopg.Error:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from contextlog.producers.context import estimate_tokens
 from contextlog.schema import blocks
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from contextlog.worker.eventlog import Accepted
 
 
-def _copy_text(value: bytes) -> bytes:
+def _copy_bytes(value: bytes) -> bytes:
     """Escape a value for COPY's text format (backslash, tab, newline, carriage return)."""
     if b"\\" in value or b"\t" in value or b"\n" in value or b"\r" in value:
         value = value.replace(b"\\", b"\\\\").replace(b"\t", b"\\t")
@@ -24,25 +24,29 @@ def _copy_text(value: bytes) -> bytes:
     return value
 
 
-def copy_line(a: Accepted, seq: int, tokens: int) -> bytes:
-    """One `copy_events` row in COPY text format."""
-    e = a.event
-    return (
-        b"\t".join(
-            (
-                str(e.event_id).encode(),
-                _copy_text(e.agent.encode()),
-                _copy_text(e.channel.encode()),
-                _copy_text((e.thread or "").encode()),
-                str(seq).encode(),
-                ev.kind_of(e).encode(),
-                e.occurred_at.isoformat().encode(),
-                str(tokens).encode(),
-                _copy_text(a.payload),
-            )
-        )
-        + b"\n"
+def _copy_str(value: str) -> str:
+    """`_copy_bytes` for a name. Names hold no control characters (`codec.decode`), so
+    the usual name needs one look at it; an old or unchecked one is still escaped."""
+    if "\\" in value or not value.isprintable():
+        value = value.replace("\\", "\\\\").replace("\t", "\\t")
+        value = value.replace("\n", "\\n").replace("\r", "\\r")
+    return value
+
+
+def copy_line(a: Accepted, row: projection.Row, seq: int) -> bytes:
+    """One `copy_events` row in COPY text format: the entry's event as `row_of` read it.
+
+    Formatted as one string, encoded once, with the entry's bytes (already JSON)
+    appended: an encode and an escape call per field were a fifth of ingest's CPU time.
+    The event id goes as 32 hex digits (`uuid` input takes them), cheaper than its
+    hyphenated form.
+    """
+    head = (
+        f"{a.event.event_id.hex}\t{_copy_str(row.agent)}\t{_copy_str(row.channel)}\t"
+        f"{_copy_str(row.thread)}\t{seq}\t{row.kind}\t{row.occurred_at.isoformat()}\t"
+        f"{row.tokens}\t"
     )
+    return b"".join((head.encode(), _copy_bytes(a.payload), b"\n"))
 
 
 def insert_params(
@@ -88,7 +92,7 @@ def row_of(event: ev.AnyEvent) -> projection.Row:
         event.agent,
         event.channel,
         event.thread or "",
-        ev.kind_of(event),
+        ev.TAGS[type(event)],  # `kind_of`, without a call: this runs for every event
         event.occurred_at,
         settings,
         tokens_of(event),
@@ -96,10 +100,13 @@ def row_of(event: ev.AnyEvent) -> projection.Row:
     )
 
 
+_MESSAGES: Final = (ev.MessagePosted, ev.MessageImported)
+
+
 def tokens_of(event: ev.AnyEvent) -> int:
     """The token estimate stored with a message (0 for commands): the same count as the
     context's (`estimate_tokens`), on the blocks as posted."""
-    if not isinstance(event, ev.MessagePosted | ev.MessageImported):
+    if not isinstance(event, _MESSAGES):
         return 0
     if isinstance(event.content, str):
         return estimate_tokens(event.content)

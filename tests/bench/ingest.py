@@ -164,17 +164,20 @@ def run(env: BenchEnv) -> Result:
     )
 
 
-# What limits one ingest process (py-spy of a 100k-event drain, 2026-11-22); kept beside the
-# figures, refreshed by hand when the profile changes.
+# What limits one ingest process (py-spy --gil of a 200k-event drain, perf on its Postgres
+# backends, 2026-11-23); kept beside the figures, refreshed by hand when the profile changes.
 LIMIT_NOTE = (
-    "What limits one process (py-spy): ingest is CPU-bound in Python at ~30 us an event "
-    "against ~13 us of Postgres CPU for the raw COPY: decode + validation (msgspec and the "
-    "semantic checks) 15%, COPY line encoding 14%, idle-timer arming through RQ after "
-    "commit (one `enqueue_at` per conversation that had no timer) 9%, XREADGROUP reply "
-    "parsing 7%, projection rows and fold 8%. What would move it to 0.6: timers armed per "
-    "time bucket (one RQ job per second, not per conversation), COPY lines encoded from "
-    "the raw entry without re-serialising fields, and decoding without the second semantic "
-    "pass the producer already made."
+    "What limits one process (py-spy, perf): ingest's Python is ~18 us of CPU an event "
+    "and its Postgres backend ~17 us, against ~12 us of backend CPU for the raw COPY "
+    "(COPY into the 16 hash partitions ~13 us, the projection upserts ~1.5 us, commits "
+    "and checkpoints the rest). Of the Python time: decode + validation (msgspec and the "
+    "semantic checks) 23%, COPY line formatting 18%, projection rows, fold and upserts "
+    "18%, idle-timer arming after commit 11% (a quarter of it one RQ `enqueue_at` per new "
+    "time bucket), XREADGROUP reply parsing 5%. The loop overlaps the two only in part: "
+    "one read for every shard, then two threads store the shards' batches, so each "
+    "thread waits ~20% of the time at that barrier and the read (~12% of the wall) runs "
+    "alone; reading the next entries during the stores (tried) did not measurably gain, "
+    "the GIL being the shared resource."
 )
 
 

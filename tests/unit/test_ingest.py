@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import threading
 import uuid
@@ -16,7 +17,7 @@ from contextlog.producers import Producer
 from contextlog.schema import codec, keys
 from contextlog.schema import events as ev
 from contextlog.schema.errors import ShardBusy, Unavailable
-from contextlog.worker import deadletters
+from contextlog.worker import bootstrap, deadletters
 from contextlog.worker.clock import FakeClock
 from contextlog.worker.config import Settings
 from contextlog.worker.eventlog import Accepted, MemoryEventLog
@@ -546,3 +547,14 @@ def test_dead_letters_of_oversized_entries_keep_a_prefix_and_the_stream_is_cappe
     assert dead[b"reason"] == b"oversized"
     assert dead[b"orig:e"] == huge[:ORIG_PREFIX] and int(dead[b"orig_bytes:e"]) == len(huge)
     assert 1_000 <= DEAD_LETTER_CAP <= 1_000_000
+
+
+def test_an_ingest_process_collects_young_garbage_past_a_batch_not_every_700_objects() -> None:
+    before = gc.get_threshold()
+    try:
+        bootstrap.tune_gc_for_batches()
+        assert gc.get_threshold() == (bootstrap.INGEST_GC_THRESHOLD, *before[1:])
+        assert gc.get_freeze_count() > 0  # what start-up made is left out of collections
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
