@@ -196,6 +196,9 @@ EVENT_TYPES: tuple[type[Event], ...] = (
 )
 
 
+# The events that carry a message's content (a string or content blocks).
+MESSAGES: tuple[type[MessagePosted], type[MessageImported]] = (MessagePosted, MessageImported)
+
 TAGS: dict[type, str] = {cls: str(cls.__struct_config__.tag) for cls in EVENT_TYPES}
 # The name fields each event type has: checked for control characters on every decode.
 NAMES_OF: dict[type, tuple[str, ...]] = {

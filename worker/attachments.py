@@ -55,11 +55,9 @@ def any_refs(batch: Sequence[Accepted]) -> bool:
     return any(
         _MARKER in a.payload
         for a in batch
-        if isinstance(a.event, _MESSAGES) and not isinstance(a.event.content, str)
+        if isinstance(a.event, ev.MESSAGES) and not isinstance(a.event.content, str)
     )
 
-
-_MESSAGES: Final = (ev.MessagePosted, ev.MessageImported)
 
 
 def groups(batch: Sequence[Accepted], limit: int = BATCH_BYTES) -> Iterator[list[Accepted]]:

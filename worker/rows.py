@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from contextlog.producers.context import estimate_tokens
 from contextlog.schema import blocks
@@ -100,13 +100,11 @@ def row_of(event: ev.AnyEvent) -> projection.Row:
     )
 
 
-_MESSAGES: Final = (ev.MessagePosted, ev.MessageImported)
-
 
 def tokens_of(event: ev.AnyEvent) -> int:
     """The token estimate stored with a message (0 for commands): the same count as the
     context's (`estimate_tokens`), on the blocks as posted."""
-    if not isinstance(event, _MESSAGES):
+    if not isinstance(event, ev.MESSAGES):
         return 0
     if isinstance(event.content, str):
         return estimate_tokens(event.content)
