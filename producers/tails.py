@@ -25,7 +25,8 @@ from typing import Any, Final
 Row = tuple[Any, ...]
 Known = dict[int, Row]  # seq -> the row as the last read returned it, in seq order
 
-# A read without a tail hint: the whole window is summed and every payload sent.
+# A read without a tail hint: the window's sums taken afresh (from the running totals, or
+# summing the window) and every payload sent.
 NO_HINT: Final[dict[str, Any]] = {
     "hint_key": None,
     "hint_seq": None,

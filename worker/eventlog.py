@@ -27,7 +27,7 @@ from contextlog.worker.effects import Arm, Compact, Effect
 from contextlog.worker.handlers import COMMANDS, handle
 from contextlog.worker.outbox import Outbox
 from contextlog.worker.relay import Relay
-from contextlog.worker.rows import copy_line, guard_key, insert_params, row_of, unique
+from contextlog.worker.rows import Totals, copy_line, guard_key, insert_params, row_of, unique
 
 # The event id guard: the partitioned table's constraint and its partitions' (a unique
 # violation names the partition's), as migration 007 names them.
@@ -209,8 +209,11 @@ class PostgresEventLog:
         with self._one_round_trip() as cur:
             # The checkpoint row first: its lock serialises two writers of a shard.
             cur.execute(query("advance_checkpoint"), checkpoint)
-            sent = projection.send(cur, convs, threads, self.defaults.token_budget)
+            sent = projection.send_conversations(cur, convs)
+            # Between the two: the rows take their seqs from the conversations' new last
+            # seq and their running totals from the threads' before the batch.
             cur.execute(query("insert_events"), insert_params(batch, rows))
+            sent = projection.send_threads(sent, threads, self.defaults.token_budget)
         # Messages only: what they ask for (compactions, timer arms) is asked for again by
         # a later batch, so nothing had to be kept in the transaction (`outbox.keep`).
         after = _After(self.defaults)
@@ -298,13 +301,14 @@ class PostgresEventLog:
             applied = projection.apply(cur, *projection.fold(rows), self.defaults.token_budget)
             after.add(applied)
             next_seq = {k: base + 1 for k, base in applied.bases.items()}
+            totals = Totals(applied.totals)
             lines = []
             commands = []
             for a, row in segment:
                 key = (row.agent, row.channel)
                 seq = next_seq[key]
                 next_seq[key] = seq + 1
-                lines.append(copy_line(a, row, seq))
+                lines.append(copy_line(a, row, seq, totals))
                 if row.kind in COMMANDS:
                     commands.append((a.event, seq))
             # One write of preformatted text: psycopg's per-row adaptation was a third

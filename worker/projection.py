@@ -106,6 +106,9 @@ class Applied(NamedTuple):
     # Conversations with new messages: (key, idle timeout or None for the default,
     # last activity), what the idle timer needs.
     active: list[tuple[Conv, int | None, dt.datetime]]
+    # Each thread's running token total and latest message time before the batch (0 and
+    # None for a new thread): where its messages' `through` and `late` go on from.
+    totals: dict[ThreadKey, tuple[int, dt.datetime | None]]
 
 
 def apply(
@@ -115,7 +118,7 @@ def apply(
     default_budget: int = 0,
 ) -> Applied:
     """Write the changes (sequence numbers reserved) and find windows to compact."""
-    return send(cur, convs, threads, default_budget).read()
+    return send_threads(send_conversations(cur, convs), threads, default_budget).read()
 
 
 class Sent(NamedTuple):
@@ -123,16 +126,19 @@ class Sent(NamedTuple):
 
     convs: dict[Conv, ConversationChange]
     conversations: psycopg.Cursor[TupleRow]
-    compacting: psycopg.Cursor[TupleRow] | None
+    threads: psycopg.Cursor[TupleRow] | None = None
 
     def read(self) -> Applied:
         """What the two statements answered (on a connection in pipeline mode, reading
         before the pipeline's sync costs a round trip of its own)."""
         rows = self.conversations.fetchall()
-        compacting = self.compacting
-        to_compact: list[Conv] = []
-        if compacting is not None:
-            to_compact = [(agent, channel) for agent, channel in compacting.fetchall()]
+        to_compact: set[Conv] = set()
+        totals: dict[ThreadKey, tuple[int, dt.datetime | None]] = {}
+        if self.threads is not None:
+            for agent, channel, thread, through, latest, compact in self.threads.fetchall():
+                totals[(agent, channel, thread)] = (through or 0, latest)
+                if compact:
+                    to_compact.add((agent, channel))
         bases: dict[Conv, int] = {}
         active: list[tuple[Conv, int | None, dt.datetime]] = []
         # Unpacked, not `class_row`: this runs for every ingest batch.
@@ -144,39 +150,41 @@ class Sent(NamedTuple):
             # timer: `/context settings idle=5s` takes effect now, not at the next message.
             if last_activity_at is not None and _rearms(change):
                 active.append((key, idle_timeout, last_activity_at))
-        return Applied(bases, to_compact, active)
+        return Applied(bases, sorted(to_compact), active, totals)
 
 
 def _rearms(change: ConversationChange) -> bool:
     return bool(change.message_offset) or "idle_timeout" in change.settings
 
 
-def send(
-    cur: psycopg.Cursor[TupleRow],
-    convs: dict[Conv, ConversationChange],
-    threads: dict[ThreadKey, ThreadChange],
-    default_budget: int = 0,
+def send_conversations(
+    cur: psycopg.Cursor[TupleRow], convs: dict[Conv, ConversationChange]
 ) -> Sent:
-    """Send the changes without waiting for an answer.
+    """Send the conversations' changes without waiting for an answer; `send_threads`
+    sends the threads' (in between, the rows of a pipelined batch, which number
+    themselves from the first and go on from the threads' totals before the second).
 
     Conversations are written in sorted order, a fixed lock order, so two writers
-    cannot deadlock. On a connection in pipeline mode both statements travel with
-    whatever was queued before and after them.
+    cannot deadlock. On a connection in pipeline mode each statement travels with
+    whatever was queued before and after it.
     """
     conversations = cur.connection.cursor()
     conversations.execute(query("advance_conversations"), {"rows": _conversation_rows(convs)})
-    compacting = None
-    if threads:
-        compacting = cur.connection.cursor()
-        compacting.execute(
-            query("advance_threads"),
-            {
-                "default_budget": default_budget,
-                "compact_at": COMPACT_AT,
-                "rows": _thread_rows(threads),
-            },
-        )
-    return Sent(convs, conversations, compacting)
+    return Sent(convs, conversations)
+
+
+def send_threads(
+    sent: Sent, threads: dict[ThreadKey, ThreadChange], default_budget: int = 0
+) -> Sent:
+    """Send the threads' changes (see `send_conversations`)."""
+    if not threads:
+        return sent
+    cur = sent.conversations.connection.cursor()
+    cur.execute(
+        query("advance_threads"),
+        {"default_budget": default_budget, "compact_at": COMPACT_AT, "rows": _thread_rows(threads)},
+    )
+    return sent._replace(threads=cur)
 
 
 def _conversation_rows(convs: dict[Conv, ConversationChange]) -> str:

@@ -3,8 +3,9 @@ need of it, and its stored token count."""
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from contextlog.producers.context import estimate_tokens
@@ -33,7 +34,34 @@ def _copy_str(value: str) -> str:
     return value
 
 
-def copy_line(a: Accepted, row: projection.Row, seq: int) -> bytes:
+class Totals:
+    """Each thread's running token total and latest message time as a batch's rows are
+    written, from the threads' before it (`Applied.totals`): a message's `through` and
+    `late` (migration 009)."""
+
+    __slots__ = ("_threads",)
+
+    def __init__(
+        self, before: Mapping[projection.ThreadKey, tuple[int, dt.datetime | None]]
+    ) -> None:
+        self._threads = dict(before)
+
+    def fields(self, row: projection.Row) -> str:
+        """The row's `through` and `late` in COPY text (a command: NULL and false)."""
+        if row.kind != projection.MESSAGE:
+            return "\\N\tf"
+        key = (row.agent, row.channel, row.thread)
+        # Every thread of the batch is in `advance_threads`' answer: a KeyError is a bug.
+        through, latest = self._threads[key]
+        through += row.tokens
+        if latest is not None and row.occurred_at < latest:
+            self._threads[key] = (through, latest)
+            return f"{through}\tt"
+        self._threads[key] = (through, row.occurred_at)
+        return f"{through}\tf"
+
+
+def copy_line(a: Accepted, row: projection.Row, seq: int, totals: Totals) -> bytes:
     """One `copy_events` row in COPY text format: the entry's event as `row_of` read it.
 
     Formatted as one string, encoded once, with the entry's bytes (already JSON)
@@ -44,7 +72,7 @@ def copy_line(a: Accepted, row: projection.Row, seq: int) -> bytes:
     head = (
         f"{a.event.event_id.hex}\t{_copy_str(row.agent)}\t{_copy_str(row.channel)}\t"
         f"{_copy_str(row.thread)}\t{seq}\t{row.kind}\t{row.occurred_at.isoformat()}\t"
-        f"{row.tokens}\t"
+        f"{row.tokens}\t{totals.fields(row)}\t"
     )
     return b"".join((head.encode(), _copy_bytes(a.payload), b"\n"))
 

@@ -73,26 +73,38 @@ ON CONFLICT (agent, channel) DO UPDATE SET
 RETURNING agent, channel, last_seq, idle_timeout, last_activity_at;
 
 -- name: advance_threads
--- Returns the conversations with a thread past three quarters of its token budget (compaction
--- candidates); the conversations were updated by the statement before, so the join
--- sees this batch's settings.
-WITH up AS (
-    INSERT INTO threads AS t (agent, channel, thread, message_count, last_activity_at,
-                              window_tokens)
-    SELECT agent, channel, thread, n, activity, tokens
-    FROM json_to_recordset(%(rows)s::json) AS x(
+-- One row per thread of the batch: its running token total and latest message time before
+-- the batch (`events.through` and `late` of the batch's rows go on from them; NULL for a
+-- new thread), and whether its window passed three quarters of the token budget (the
+-- conversation is a compaction candidate; the conversations were updated by the statement
+-- before, so the join sees this batch's settings). `before` reads the rows as the
+-- statement found them: every part of a statement sees the same snapshot.
+WITH x AS MATERIALIZED (
+    SELECT * FROM json_to_recordset(%(rows)s::json) AS x(
         agent text, channel text, thread text, n bigint, tokens bigint, activity timestamptz)
+), before AS MATERIALIZED (
+    SELECT t.agent, t.channel, t.thread, t.tokens_through, t.last_activity_at
+    FROM x JOIN threads t USING (agent, channel, thread)
+), up AS (
+    INSERT INTO threads AS t (agent, channel, thread, message_count, last_activity_at,
+                              window_tokens, tokens_through)
+    SELECT agent, channel, thread, n, activity, tokens, tokens FROM x
     ON CONFLICT (agent, channel, thread) DO UPDATE SET
         message_count = t.message_count + EXCLUDED.message_count,
         last_activity_at = greatest(t.last_activity_at, EXCLUDED.last_activity_at),
-        window_tokens = t.window_tokens + EXCLUDED.window_tokens
-    RETURNING agent, channel, window_tokens
+        window_tokens = t.window_tokens + EXCLUDED.window_tokens,
+        tokens_through = t.tokens_through + EXCLUDED.tokens_through
+    RETURNING agent, channel, thread, window_tokens
 )
-SELECT DISTINCT up.agent, up.channel FROM up JOIN conversations c USING (agent, channel)
-WHERE up.window_tokens > coalesce(c.token_budget, %(default_budget)s) * %(compact_at)s;
+SELECT up.agent, up.channel, up.thread, b.tokens_through, b.last_activity_at,
+       up.window_tokens > coalesce(c.token_budget, %(default_budget)s) * %(compact_at)s
+FROM up JOIN conversations c USING (agent, channel)
+LEFT JOIN before b USING (agent, channel, thread);
 
 -- name: copy_events
-COPY events (event_id, agent, channel, thread, seq, kind, occurred_at, tokens, payload)
+-- `through` and `late`: see migration 009 (commands: NULL and false).
+COPY events (event_id, agent, channel, thread, seq, kind, occurred_at, tokens, through,
+             late, payload)
 FROM STDIN;
 
 -- name: insert_events
@@ -104,19 +116,34 @@ FROM STDIN;
 -- n is how many rows it has here, the count it was advanced by (a pipelined batch is one
 -- round: every row of the batch is in this statement). A conversation row missing
 -- would leave seq NULL, which the column refuses: a loud failure, not a dropped row.
+-- `advance_threads` runs after this statement, so `threads` holds each thread's running
+-- total and latest time before the batch, which `through` and `late` of its messages go
+-- on from (its other rows: NULL and false, as `copy_events` writes them).
 -- ORDER BY: positions (the identity) are taken in the order the rows are sent, as
 -- COPY takes them.
-INSERT INTO events (event_id, agent, channel, thread, seq, kind, occurred_at, tokens, payload)
+INSERT INTO events (event_id, agent, channel, thread, seq, kind, occurred_at, tokens,
+                    through, late, payload)
 SELECT x.event_id, x.agent, x.channel, x.thread,
        c.last_seq - count(*) OVER conv + row_number() OVER (conv ORDER BY x.k),
-       x.kind, x.occurred_at, x.tokens, x.payload
+       x.kind, x.occurred_at, x.tokens,
+       CASE WHEN x.kind = 'message.v1' THEN coalesce(t.tokens_through, 0)
+                 + sum(x.tokens) FILTER (WHERE x.kind = 'message.v1') OVER (thread ORDER BY x.k)
+       END,
+       x.kind = 'message.v1' AND coalesce(x.occurred_at < greatest(
+           t.last_activity_at,
+           max(x.occurred_at) FILTER (WHERE x.kind = 'message.v1') OVER (
+               thread ORDER BY x.k ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)),
+           false),
+       x.payload
 FROM unnest(%(ids)s::uuid[], %(agents)s::text[], %(channels)s::text[],
             %(threads)s::text[], %(kinds)s::text[], %(times)s::timestamptz[],
             %(tokens)s::integer[], %(payloads)s::jsonb[])
      WITH ORDINALITY AS x(event_id, agent, channel, thread, kind, occurred_at, tokens,
                           payload, k)
 LEFT JOIN conversations c ON c.agent = x.agent AND c.channel = x.channel
-WINDOW conv AS (PARTITION BY x.agent, x.channel)
+LEFT JOIN threads t ON t.agent = x.agent AND t.channel = x.channel AND t.thread = x.thread
+WINDOW conv AS (PARTITION BY x.agent, x.channel),
+       thread AS (PARTITION BY x.agent, x.channel, x.thread)
 ORDER BY x.k;
 
 -- name: checkpoints
@@ -167,8 +194,18 @@ WHERE c.agent = %(agent)s AND c.channel = %(channel)s;
 -- rows from `hint_seq` on are read, by the (agent, channel, seq) key, and the hint's own
 -- row comes back without its payload (event_id, occurred_at, role and content NULL). The
 -- reader adds its rows ahead of the hint that the cut (`at`, on every row) keeps
--- (producers/tails.py). Any other `wkey`, or no hint: the whole window is summed and every
--- kept row sent. Either way the kept rows are the same.
+-- (producers/tails.py). Any other `wkey`, or no hint: every kept row is sent, and the
+-- window's sums are found one of two ways (the same sums, the same rows):
+--
+-- - from the running totals (migration 009: `through` on each message, the thread's
+--   tokens up to it) when the window is one contiguous run of its thread's messages: its
+--   first row found by one probe (`f`), its total through(last) - through(first) +
+--   tokens(first), the kept part's start by a walk back from its last row over the rows
+--   kept. What a first read costs follows the budget, not the window. The run is
+--   contiguous unless a message after its first row is `late` and below the edge (or was
+--   written without a total); the partial index on `late` answers that.
+-- - otherwise (such a row; a restored session in the window; rows older than 009) the
+--   whole window is summed: an index-only scan of every message's (time, seq, tokens).
 WITH c AS (
     SELECT cleared_seq, restored_seqs, restored_at, cutoff, compacted, last_seq,
            coalesce(token_budget, %(default_budget)s) AS budget,
@@ -193,6 +230,56 @@ WITH c AS (
       ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq = %(hint_seq)s::bigint
      AND e.event_id = %(hint_id)s::uuid
     WHERE c.wkey = %(hint_key)s::text
+), r AS MATERIALIZED (
+    -- Without a hint: the thread's first message at or after the rolling edge, by time
+    -- (then seq): the first time by the window index, then its first row.
+    SELECT e.seq, e.tokens, e.through, e.late
+    FROM c CROSS JOIN LATERAL (
+        SELECT e.occurred_at FROM events e
+        WHERE e.agent = %(agent)s AND e.channel = %(channel)s AND e.thread = %(thread)s
+          AND e.kind = 'message.v1' AND e.occurred_at >= c.cutoff
+        ORDER BY e.occurred_at LIMIT 1
+    ) t CROSS JOIN LATERAL (
+        -- OFFSET 0: the rows of that time by the window index, not a walk along seq.
+        SELECT * FROM (
+            SELECT e.seq, e.tokens, e.through, e.late FROM events e
+            WHERE e.agent = %(agent)s AND e.channel = %(channel)s AND e.thread = %(thread)s
+              AND e.kind = 'message.v1' AND e.occurred_at = t.occurred_at
+            OFFSET 0
+        ) e ORDER BY e.seq LIMIT 1
+    ) e
+    WHERE NOT EXISTS (SELECT FROM h) AND NOT coalesce(c.restored_at >= c.cutoff, false)
+), f AS MATERIALIZED (
+    -- The window's first row (`seq`) and the thread's running total before it (`base`),
+    -- when the window is the contiguous run of the thread's messages from that row:
+    -- `r`, if it is after the clear and the compaction and no message before it is
+    -- later than it (`late`: then no message of the window precedes it); or, when the
+    -- clear or the compaction is the edge, the thread's first message after it, if it is
+    -- within the rolling edge. And no message after it below the edge (`late` ones only
+    -- can be) or without a total. No row: the window is summed (`w`).
+    SELECT s.seq, s.through - s.tokens AS base
+    FROM c CROSS JOIN r CROSS JOIN LATERAL (
+        SELECT r.seq, r.tokens, r.through
+        WHERE r.seq > greatest(c.cleared_seq, c.compacted) AND NOT r.late
+        UNION ALL
+        SELECT a.seq, a.tokens, a.through FROM (
+            SELECT e.seq, e.tokens, e.through, e.occurred_at FROM events e
+            WHERE r.seq <= greatest(c.cleared_seq, c.compacted)
+              AND e.agent = %(agent)s AND e.channel = %(channel)s
+              AND e.seq > greatest(c.cleared_seq, c.compacted) AND e.seq <= c.last_seq
+              AND e.thread = %(thread)s AND e.kind = 'message.v1'
+            ORDER BY e.seq LIMIT 1
+        ) a
+        WHERE a.occurred_at >= c.cutoff
+    ) s
+    WHERE s.through IS NOT NULL
+      AND NOT EXISTS (
+          -- OFFSET 0: a lookup by this row's seq, not a join over every late row.
+          SELECT FROM events l
+          WHERE l.agent = %(agent)s AND l.channel = %(channel)s AND l.thread = %(thread)s
+            AND l.late AND l.seq > s.seq AND l.seq <= c.last_seq
+            AND (l.occurred_at < c.cutoff OR l.through IS NULL)
+          OFFSET 0)
 ), w AS (
     -- Positions and token counts only: the window's sums are taken over these, and
     -- the payload is read for the kept rows alone.
@@ -201,13 +288,13 @@ WITH c AS (
       ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.thread = %(thread)s
      AND e.kind = 'message.v1' AND e.occurred_at >= c.cutoff AND e.seq > c.cleared_seq
      AND e.seq > c.compacted
-    WHERE NOT EXISTS (SELECT FROM h)
+    WHERE NOT EXISTS (SELECT FROM h) AND NOT EXISTS (SELECT FROM f)
     UNION ALL
     SELECT e.seq, e.tokens
     FROM c JOIN events e
       ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq = ANY(c.restored_seqs)
      AND e.thread = %(thread)s AND e.seq > c.compacted
-    WHERE c.restored_at >= c.cutoff AND NOT EXISTS (SELECT FROM h)
+    WHERE c.restored_at >= c.cutoff AND NOT EXISTS (SELECT FROM h) AND NOT EXISTS (SELECT FROM f)
     UNION ALL
     -- With a hint: the same two branches' rows from `hint_seq` on, by the seq key (the
     -- fence, OFFSET 0, keeps the thread's other conditions out of the index choice).
@@ -234,7 +321,26 @@ WITH c AS (
     SELECT t.total, t.last, CASE WHEN NOT %(bounded)s OR t.total <= c.budget THEN 0
                          ELSE (t.total - c.budget + c.step - 1) / c.step * c.step END AS at
     FROM (SELECT coalesce((SELECT before FROM h), 0) + coalesce(sum(tokens), 0) AS total,
-                 max(seq) AS last FROM w) t, c
+                 max(seq) AS last FROM w HAVING NOT EXISTS (SELECT FROM f)
+          UNION ALL
+          -- From the running totals: the thread's last message ends the window.
+          SELECT e.through - f.base, e.seq FROM f CROSS JOIN c CROSS JOIN LATERAL (
+              SELECT e.seq, e.through FROM events e
+              WHERE e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq >= f.seq
+                AND e.seq <= c.last_seq AND e.thread = %(thread)s AND e.kind = 'message.v1'
+              ORDER BY e.seq DESC LIMIT 1
+          ) e) t, c
+), lo AS MATERIALIZED (
+    -- From the running totals: where the kept part starts, the row after the last one
+    -- whose `before` is short of the cut (`before` grows with seq), found walking back
+    -- from the end over the rows kept; the last row at least.
+    SELECT least(coalesce((
+        SELECT p.seq + 1 FROM events p
+        WHERE p.agent = %(agent)s AND p.channel = %(channel)s AND p.seq >= f.seq
+          AND p.seq <= cut.last AND p.thread = %(thread)s AND p.kind = 'message.v1'
+          AND p.through - p.tokens - f.base < cut.at
+        ORDER BY p.seq DESC LIMIT 1), f.seq), cut.last) AS seq
+    FROM f CROSS JOIN cut
 ), k AS MATERIALIZED (
     SELECT s.seq, s.before, s.tokens
     FROM (SELECT w.seq, w.tokens,
@@ -243,6 +349,17 @@ WITH c AS (
                      AS before
           FROM w) s, cut
     WHERE s.before >= cut.at OR s.seq = cut.last
+    UNION ALL
+    -- From the running totals: the rows from `lo` on. The bounds as subqueries and the
+    -- thread's conditions outside the fence: one range of the (agent, channel, seq) key.
+    SELECT e.seq, e.through - e.tokens - (SELECT base FROM f), e.tokens
+    FROM (
+        SELECT e.seq, e.tokens, e.through, e.thread, e.kind FROM events e
+        WHERE e.agent = %(agent)s AND e.channel = %(channel)s
+          AND e.seq >= (SELECT seq FROM lo) AND e.seq <= (SELECT last FROM cut)
+        OFFSET 0
+    ) e
+    WHERE e.thread = %(thread)s AND e.kind = 'message.v1'
 )
 SELECT k.seq, e.occurred_at, k.tokens, e.payload->>'role', (e.payload->'content')::text,
        k.before::bigint, c.wkey, e.event_id, cut.at::bigint

@@ -52,9 +52,11 @@ WHERE (agent, channel) IN (SELECT * FROM unnest(%(agents)s::text[], %(channels)s
 -- name: unretire_insert
 -- Archived rows back with their positions and seqs; `contextlog rebuild` then derives
 -- the projections again.
+-- The running totals (009) as archived; an archive written before 009 has none (NULL:
+-- a window over those rows is summed, as for any row older than 009).
 INSERT INTO events (position, event_id, agent, channel, thread, seq, kind, occurred_at,
-                    recorded_at, payload, tokens)
+                    recorded_at, payload, tokens, through, late)
 OVERRIDING SYSTEM VALUE
 SELECT r.position, r.event_id, r.agent, r.channel, r.thread, r.seq, r.kind, r.occurred_at,
-       r.recorded_at, r.payload, r.tokens
+       r.recorded_at, r.payload, r.tokens, r.through, r.late
 FROM json_populate_recordset(NULL::events, %(rows)s::json) AS r;

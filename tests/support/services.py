@@ -48,15 +48,26 @@ def create_database(base_url: str, name: str) -> str:
 
 # Migrations that only add functions today's `PostgresEventLog` calls (008: the fence).
 WRITER_FUNCTIONS: Final = frozenset({8})
+# The columns today's writer writes that a later migration adds (009: the running totals),
+# added under an older layout as that migration adds them (IF NOT EXISTS: it skips them,
+# or adds them again to the table 007 builds).
+WRITER_COLUMNS: Final = {
+    9: "ALTER TABLE events ADD COLUMN IF NOT EXISTS through bigint;"
+    " ALTER TABLE events ADD COLUMN IF NOT EXISTS late boolean;"
+    " ALTER TABLE threads ADD COLUMN IF NOT EXISTS tokens_through bigint NOT NULL DEFAULT 0",
+}
 
 
 def migrate_layout(conn: psycopg.Connection[TupleRow], upto: int) -> list[str]:
     """Migrate up to `upto` (the tables as that release left them) plus the later
-    function-only migrations today's writer calls, so tests can fill the database with
-    today's `PostgresEventLog`; `migrate` applies the others later, in order. Returns
-    the names applied."""
+    function-only migrations today's writer calls and the columns it writes, so tests can
+    fill the database with today's `PostgresEventLog`; `migrate` applies the others later,
+    in order. Returns the names applied."""
     applied = migrate(conn, upto=upto)
     with conn.transaction():
+        for version, columns in WRITER_COLUMNS.items():
+            if version > upto:
+                conn.execute(columns)
         for m in migrations():
             if m.version > upto and m.version in WRITER_FUNCTIONS:
                 conn.execute(m.sql.encode())
