@@ -245,23 +245,22 @@ def _time_budgeted(env: BenchEnv, cold: bool) -> dict[str, Any]:
     }
 
 
-# What limits a first read at the budget (EXPLAIN ANALYZE of `window_messages` without a
-# tail hint, 10,000- and 1,000-message windows, analyzed database, 2026-11-23); kept
+# What a first read at the budget does and what limits it (EXPLAIN ANALYZE of `window_messages`
+# without a tail hint, 2026-11-23); kept
 # beside the figures it explains.
 FIRST_READ_LIMITS = (
-    "What limits a first read of a thread at the 16k budget (EXPLAIN ANALYZE of "
-    "`window_messages` without a tail hint): to know where the budget's cut falls it sums "
-    "the whole window: an index-only scan of every message's (time, seq, tokens) entry, "
-    "their total, then a running sum in seq order (a sort and a window function over every "
-    "row) to find the rows from the cut on; only the ~160 kept rows' payloads are fetched. "
-    "That part grows with the window: ~4.5 ms of a 10,000-message read, a tenth of that at "
-    "1,000. A re-read starts from its last read's row (the tail hint) and costs what "
-    "changed, hence 1.1x there. What would move a first read: a running token total stored "
-    "with each message at ingest (per thread, carried by the threads projection), so a "
-    "window's sum is two lookups and the cut one index probe. It needs a migration and a "
-    "new index, and holds only where the window is one contiguous run of the thread's "
-    "seqs: a message stamped earlier than one before it (producers' clocks disagree, "
-    "imports) breaks that, and such a window would fall back to today's sum. Not built."
+    "A first read of a thread at the 16k budget (no tail hint) finds the cut from the "
+    "running token total each message carries (migration 009): the window's first row by "
+    "one index probe, its total from the two ends, the kept part's start by a walk back "
+    "from the newest row over the rows kept, then their payloads (EXPLAIN ANALYZE of "
+    "`window_messages`: ~12 rows read for 2 kept in a 150-message window, where summing "
+    "read every entry of the window; before 009, ~4.5 ms of a 10,000-message read was that "
+    "sum). What is left grows with the rows kept, not the window: fetching, decoding and "
+    "assembling them (the 10,000-message window keeps 160 messages here, the 1,000-message "
+    "one 120: the cut moves in steps of half a budget, so the ratio carries ~1.3x of rows "
+    "kept). A window that is not one unbroken run of its thread's messages (a message "
+    "stamped earlier than one before it that falls below the edge; a restore in the window; "
+    "rows older than 009) is summed as before, with the same result."
 )
 
 
