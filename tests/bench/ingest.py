@@ -45,12 +45,12 @@ SCALED_PROCESSES = 2
 RAW_COPY_RUNS = 3
 MB = 2**20
 
-_COPY_COLUMNS = re.compile(r"^\s*COPY\s+events\s*\(([^)]*)\)", re.IGNORECASE)
+_COPY_COLUMNS = re.compile(r"^\s*COPY\s+events\s*\(([^)]*)\)", re.IGNORECASE | re.MULTILINE)
 
 
 def copy_columns() -> list[str]:
     """The columns ingest's own `copy_events` writes, so the raw COPY stays its twin."""
-    match = _COPY_COLUMNS.match(query("copy_events"))
+    match = _COPY_COLUMNS.search(query("copy_events"))
     if match is None:
         raise BenchError("schema/sql/queries.sql: copy_events is no longer `COPY events (...)`")
     columns = [c.strip() for c in match[1].split(",")]
