@@ -245,9 +245,8 @@ def _time_budgeted(env: BenchEnv, cold: bool) -> dict[str, Any]:
     }
 
 
-# What a first read at the budget does and what limits it (EXPLAIN ANALYZE of `window_messages`
-# without a tail hint, 2026-11-23); kept
-# beside the figures it explains.
+# What a first read at the budget does and what limits it (EXPLAIN ANALYZE of
+# `window_messages` without a tail hint, 2026-11-23); kept beside the figures it explains.
 FIRST_READ_LIMITS = (
     "A first read of a thread at the 16k budget (no tail hint) finds the cut from the "
     "running token total each message carries (migration 009): the window's first row by "

@@ -167,7 +167,9 @@ def run(env: BenchEnv) -> Result:
 # What limits one ingest process (py-spy --gil of a 200k-event drain, perf on its Postgres
 # backends, 2026-11-23); kept beside the figures, refreshed by hand when the profile changes.
 LIMIT_NOTE = (
-    "What limits one process (py-spy, perf): ingest's Python is ~18 us of CPU an event "
+    "What limits one process (py-spy, perf; profiled on the earlier, faster host, before "
+    "migration 009, which costs ~0.05 of raw COPY: 0.45 -> 0.40 in one hour on one host): "
+    "ingest's Python is ~18 us of CPU an event "
     "and its Postgres backend ~17 us, against ~12 us of backend CPU for the raw COPY "
     "(COPY into the 16 hash partitions ~13 us, the projection upserts ~1.5 us, commits "
     "and checkpoints the rest). Of the Python time: decode + validation (msgspec and the "
