@@ -164,22 +164,27 @@ def run(env: BenchEnv) -> Result:
     )
 
 
-# What limits one ingest process (py-spy --gil of a 200k-event drain, perf on its Postgres
-# backends, 2026-11-23); kept beside the figures, refreshed by hand when the profile changes.
+# What limits one ingest process: a profiled drain (`--only ingest --no-save` with
+# `py-spy record -r 200 --nonblocking -p <ingest pid>` and `perf record -g -p <its
+# backends>` for 7 s, 2026-11-23, AMD EPYC host, after 009 and the advance_threads fix);
+# kept beside the figures, refreshed by hand when the profile changes.
 LIMIT_NOTE = (
-    "What limits one process (py-spy, perf; profiled on the earlier, faster host, before "
-    "migration 009, which costs ~0.05 of raw COPY: 0.45 -> 0.40 in one hour on one host): "
-    "ingest's Python is ~18 us of CPU an event "
-    "and its Postgres backend ~17 us, against ~12 us of backend CPU for the raw COPY "
-    "(COPY into the 16 hash partitions ~13 us, the projection upserts ~1.5 us, commits "
-    "and checkpoints the rest). Of the Python time: decode + validation (msgspec and the "
-    "semantic checks) 23%, COPY line formatting 18%, projection rows, fold and upserts "
-    "18%, idle-timer arming after commit 11% (a quarter of it one RQ `enqueue_at` per new "
-    "time bucket), XREADGROUP reply parsing 5%. The loop overlaps the two only in part: "
-    "one read for every shard, then two threads store the shards' batches, so each "
-    "thread waits ~20% of the time at that barrier and the read (~12% of the wall) runs "
-    "alone; reading the next entries during the stores (tried) did not measurably gain, "
-    "the GIL being the shared resource."
+    "What limits one process (py-spy and perf of a 200k-event drain on this host): both "
+    "halves are CPU-bound and each is close to one core. Ingest's Python ~37 us of CPU an "
+    "event (7.4 s for 200k); of its samples, storing the batch 65% (COPY line formatting "
+    "18%, the projection fold and upserts 14%, waiting on Postgres inside the statements "
+    "12%, row building 5%, the outbox 4%), decode + validation 19%, XREADGROUP 7%. Its "
+    "Postgres backend ~32 us an event (6.4 s) against ~20 us for the raw COPY of the same "
+    "rows (3.5-4.4 s): perf shows the same work as the raw COPY on top (btree inserts "
+    "into the partitions' indexes and buffer lookups 22% of samples, kernel writes of "
+    "WAL and new pages 18%, jsonb parsing 6%); the extra ~12 us is the projection "
+    "upserts, the event-id guard and a commit per batch, not attributed per statement "
+    "(no pg_stat_statements on this server). The loop overlaps the halves only in part: "
+    "one read for every shard, then two threads store the shards' batches; reading the "
+    "next entries during the stores (tried) did not measurably gain, the GIL being the "
+    "shared resource. Migration 009 had made it slower (0.45 -> 0.34-0.40 of raw COPY) "
+    "mostly through a quadratic join in `advance_threads` (~30 ms a batch of 500 "
+    "threads), since fixed."
 )
 
 
