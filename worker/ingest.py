@@ -13,7 +13,7 @@ import math
 import threading
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import redis
@@ -199,17 +199,12 @@ class Ingest:
         shards = [s for s in sorted(self.owned) if s not in self.recovering]
         if not shards:
             return  # every shard busy: each recovery above already waited for its lock
-        read, held = self._read(shards)
+        read, held = self._read(shards, self.settings.block_ms)
         work = [(s, e) for s, e in read.items() if s in self.owned and e]
         if work:
             work = self._older_first(work, held)
         if len(work) > 1 and self.settings.ingest_threads > 1:
-            # Shards are independent: while one thread waits on Postgres (psycopg
-            # releases the GIL), another decodes and formats the next shard's batch.
-            futures = [self._pool().submit(self._drain, s, e) for s, e in work]
-            wait(futures)  # all done before an error closes the connections they use
-            for f in futures:
-                f.result()  # re-raises an outage here, in the loop's thread
+            self._drain_parallel(work)
         else:
             for shard, entries in work:
                 self._drain(shard, entries)
@@ -222,6 +217,37 @@ class Ingest:
             if sent := self._log().flush_effects(older_than=EFFECTS_GRACE_S):
                 log.info("effects relayed by the sweep", count=sent)
             self._next_effects = now + EFFECTS_SWEEP_S
+
+    def _drain_parallel(self, work: list[tuple[int, list[Entry]]]) -> None:
+        """Store the shards' batches on the pool, refilling as they finish: when a shard's
+        batch is stored, its next entries are read (without blocking) and queued at once.
+
+        Shards are independent: while one thread waits on Postgres (psycopg releases the
+        GIL), another decodes and formats. Without the refill every read waited for the
+        slowest shard's commit, with a core idle in that tail and in the read after it.
+        The refill stops when the lease check is due (the pass's upkeep runs between
+        passes, with nothing in flight), and a shard another consumer holds entries of is
+        left to recovery, as after a read at the pass's start (`_older_first`)."""
+        running = {self._pool().submit(self._drain, s, e): s for s, e in work}
+        try:
+            while running:
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                finished = [running.pop(f) for f in done]
+                for f in done:
+                    f.result()  # re-raises an outage here, in the loop's thread
+                if self.stop.is_set() or self.clock.monotonic() >= self._next_lease_check:
+                    continue  # let what runs finish; the pass ends
+                again = [s for s in finished if s in self.owned and s not in self.recovering]
+                if not again:
+                    continue
+                read, held = self._read(again, None)
+                for shard in held:
+                    self.recovering.setdefault(shard, False)  # ours are re-read with theirs
+                for shard, entries in read.items():
+                    if entries and shard in self.owned and shard not in held:
+                        running[self._pool().submit(self._drain, shard, entries)] = shard
+        finally:
+            wait(running)  # all done before an error closes the connections they use
 
     def _older_first(
         self, work: list[tuple[int, list[Entry]]], held: Sequence[int]
@@ -236,12 +262,12 @@ class Ingest:
         # A recovery can renew our leases and so lose some: those shards are not ours.
         return [(s, e) for s, e in work if s not in late and s in self.owned]
 
-    def _read(self, shards: Sequence[int]) -> tuple[dict[int, list[Entry]], list[int]]:
+    def _read(
+        self, shards: Sequence[int], block_ms: int | None
+    ) -> tuple[dict[int, list[Entry]], list[int]]:
         """New entries, and the shards where another consumer holds entries."""
         try:
-            return self.streams.read_new_checked(
-                shards, self.settings.batch_size, self.settings.block_ms
-            )
+            return self.streams.read_new_checked(shards, self.settings.batch_size, block_ms)
         except redis.ResponseError as e:
             if "NOGROUP" not in str(e):
                 raise

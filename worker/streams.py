@@ -143,10 +143,10 @@ class Streams:
         return self.read_new_checked(shards, count, block_ms)[0]
 
     def read_new_checked(
-        self, shards: Sequence[int], count: int, block_ms: int
+        self, shards: Sequence[int], count: int, block_ms: int | None
     ) -> tuple[dict[int, list[Entry]], list[int]]:
         """`read_new`, then the shards where a consumer other than us holds unacknowledged
-        entries, in one round trip.
+        entries, in one round trip; `block_ms=None` does not wait for entries.
 
         After a takeover, a stalled former owner can still be handed entries (a blocking
         read it sent before it stopped is served while it sleeps). They are older than
@@ -155,6 +155,8 @@ class Streams:
         returns, so the pending summaries are taken after our read.
         """
         if self.cluster:
+            if block_ms is None:
+                return self._read_shards(shards, count, None)
             return self._read_per_shard(shards, count, block_ms)
         pipe = self.redis.pipeline(transaction=False)
         pipe.xreadgroup(

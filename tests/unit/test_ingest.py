@@ -458,6 +458,71 @@ def test_entries_handed_to_a_stalled_former_owner_are_stored_before_newer_ones(
     assert h.pending() == 0
 
 
+def _channel_on_another_shard(agent: str, channel: str, among: Sequence[int] = ()) -> str:
+    """A channel of `agent` on another shard than `channel` (one of `among`, if given)."""
+    shard = keys.shard_of(agent, channel, SHARDS)
+    return next(
+        c
+        for i in range(100)
+        if (s := keys.shard_of(agent, c := f"c{i}", SHARDS)) != shard and (not among or s in among)
+    )
+
+
+def test_a_pass_reads_each_shards_next_batch_as_soon_as_its_last_one_is_stored(
+    h: Harness,
+) -> None:
+    """Shards do not wait for each other: one pass keeps storing until the shards are
+    empty (not one batch a shard, then a read for all of them), each shard in order."""
+    other = _channel_on_another_shard("alpha", "general")
+    ids = {
+        ch: [h.producer.post_message("alpha", ch, "user", f"m{i}") for i in range(12)]
+        for ch in ("general", other)
+    }
+    ing = h.ingest(batch_size=3, ingest_threads=2)
+    ing.rebalance()
+    for shard, taken in sorted(ing.recovering.items()):
+        ing.recover(shard, taken)
+    ing.step()  # one pass: four batches of each shard
+    for ch, posted in ids.items():
+        assert h.stored("alpha", ch) == [(i + 1, eid) for i, eid in enumerate(posted)]
+    assert h.pending() == 0
+
+
+def test_a_refill_leaves_a_shard_a_stalled_owner_was_handed_entries_of_to_recovery(
+    h: Harness,
+) -> None:
+    """As at a pass's start: entries a stalled former owner was handed while we stored
+    the shard's batch are older than those our next read gets, so both wait for the
+    shard's recovery, which stores them in stream order."""
+    target = keys.shard_of("alpha", "general", SHARDS)
+    a = h.ingest("a")
+    a.rebalance()
+    for s in range(SHARDS):  # a's leases and membership ran out while it was stopped
+        h.redis.delete(keys.lease(s))
+    a.streams.leave()
+    a.stop.set()
+    b = h.ingest("b", batch_size=2, ingest_threads=2)
+    h.drain(b, steps=2)
+    assert target in b.owned and len(b.owned) > 1
+    other = _channel_on_another_shard("alpha", "general", among=list(b.owned))
+    aside = [h.producer.post_message("alpha", other, "user", f"x{i}") for i in range(2)]
+    posted = [h.producer.post_message("alpha", "general", "user", f"m{i}") for i in range(6)]
+    real_append = h.log.append
+    served: list[int] = []
+
+    def append(shard: int, epoch: int, batch: Sequence[Accepted]) -> int:
+        if shard == target and not served:  # a's blocking read, served while it sleeps
+            served.extend(len(e) for e in a.streams.read_new([target], 2, 1).values())
+        return real_append(shard, epoch, batch)
+
+    h.log.append = append  # type: ignore[method-assign]
+    h.drain(b, steps=2)
+    assert served == [2]
+    assert [eid for _, eid in h.stored()] == posted
+    assert [eid for _, eid in h.stored("alpha", other)] == aside
+    assert h.pending() == 0
+
+
 def test_a_busy_shard_waits_in_order_without_counting_deliveries(h: Harness) -> None:
     """A stalled former writer still holds the shard's checkpoint lock: the batch waits
     and is retried, newer entries wait behind it, and no retry counts as a delivery (so
