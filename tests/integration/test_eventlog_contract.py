@@ -414,3 +414,33 @@ def test_the_compaction_threshold_in_sql_is_the_one_in_python(db: str) -> None:
             applied = projection.apply(cur, convs, threads, default_budget=budget)
             compacts = applied.to_compact == [("alpha", channel)]
             assert compacts == sessions.over_threshold(tokens, budget) == (channel == "over")
+
+
+def test_both_write_paths_store_the_instant_an_event_names_in_any_offset(db: str) -> None:
+    """COPY writes times as msgspec encodes them ("Z", or the event's own offset), the
+    pipelined path as psycopg adapts them: either way the stored time is the instant."""
+    log = PostgresEventLog(psycopg.connect(db))
+    kolkata = dt.timezone(dt.timedelta(hours=5, minutes=30))
+    times = [
+        dt.datetime(2026, 11, 22, 17, 30, 0, 123456, tzinfo=kolkata),
+        dt.datetime(2026, 11, 22, 12, 0, 0, 1, tzinfo=dt.UTC),
+        dt.datetime(1, 1, 1, 0, 0, tzinfo=dt.UTC),
+    ]
+
+    def posted(at: dt.datetime, entry: str) -> Accepted:
+        event = ev.MessagePosted(
+            event_id=uuid7(), agent="alpha", channel="general", role="user", content=entry,
+            occurred_at=at,
+        )  # fmt: skip
+        return Accepted(entry, event, codec.encode(event))
+
+    copied = [posted(at, f"1-{i}") for i, at in enumerate(times)]
+    filler = [posted(times[1], f"2-{i}") for i in range(PIPELINED_MAX)]  # COPY: too many
+    assert log.append(0, 1, copied + filler) == len(times) + PIPELINED_MAX
+    one = [posted(at, f"3-{i}") for i, at in enumerate(times[:1])]  # pipelined: one message
+    assert log.append(0, 1, one) == 1
+    log.close()
+    with psycopg.connect(db) as conn:
+        stored = dict(conn.execute("SELECT payload->>'content', occurred_at FROM events"))
+    assert [stored[f"1-{i}"] for i in range(len(times))] == times
+    assert stored["3-0"] == times[0]
