@@ -17,7 +17,10 @@ from contextlog.schema.errors import ConfigError
 DEFAULT_REDIS_URL: Final = "redis://127.0.0.1:6379/0"
 DEFAULT_DATABASE_URL: Final = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_BATCH_SIZE: Final = 2000
-DEFAULT_INGEST_THREADS: Final = 2
+# One thread (and Postgres connection) per shard of the default count: each owned shard is
+# stored while the others are read, decoded and formatted (a thread waiting on Postgres
+# releases the GIL).
+DEFAULT_INGEST_THREADS: Final = 4
 DEFAULT_MAX_DELIVERIES: Final = 10
 DEFAULT_LEASE_SECONDS: Final = 15.0
 DEFAULT_BLOCK_MS: Final = 500
