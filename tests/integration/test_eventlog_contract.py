@@ -441,6 +441,8 @@ def test_both_write_paths_store_the_instant_an_event_names_in_any_offset(db: str
     assert log.append(0, 1, one) == 1
     log.close()
     with psycopg.connect(db) as conn:
-        stored = dict(conn.execute("SELECT payload->>'content', occurred_at FROM events"))
+        stored: dict[str, dt.datetime] = dict(
+            conn.execute("SELECT payload->>'content', occurred_at FROM events")
+        )
     assert [stored[f"1-{i}"] for i in range(len(times))] == times
     assert stored["3-0"] == times[0]
