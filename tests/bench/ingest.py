@@ -165,28 +165,25 @@ def run(env: BenchEnv) -> Result:
 
 
 # What limits one ingest process: a profiled drain (`--only ingest --no-save` with
-# `py-spy record -r 200 --nonblocking -p <ingest pid>` and `perf record -g -p <its
-# backends>` for 7 s, 2026-11-23, AMD EPYC host, after 009 and the advance_threads fix);
+# `py-spy record -r 250 --nonblocking -p <ingest pid>`, 2026-11-23, after the refill and
+# CopyText) and the statements' durations (`log_min_duration_statement = 0` for one run);
 # kept beside the figures, refreshed by hand when the profile changes.
 LIMIT_NOTE = (
-    "What limits one process (py-spy and perf of a 200k-event drain on this host; "
-    "profilers attached, that drain ran ~1.3x slower than the one above): both halves "
-    "are CPU-bound, each near one core, ingest's Python using ~1.2-1.3x the CPU of its "
-    "Postgres backend, which uses ~1.3-1.6x the backend CPU of the raw COPY (CPU lines "
-    "above). Of the Python samples: storing the batch 65% (COPY line formatting 18%, the "
-    "projection fold and upserts 14%, waiting on Postgres inside the statements 12%, row "
-    "building 5%, the outbox 4%), decode + validation 19%, XREADGROUP 7%. The backend "
-    "does the raw COPY's work (perf: btree inserts into the partitions' indexes and buffer "
-    "lookups 22% of samples, kernel writes of WAL and new pages 18%, jsonb parsing 6%) "
-    "plus the projection upserts, the event-id guard and a commit per batch, not "
-    "attributed per statement (no pg_stat_statements on this server). The loop overlaps "
-    "the halves only in part: one read for every shard, then two threads store the "
-    "shards' batches; reading the next entries during the stores (tried) did not "
-    "measurably gain, the GIL being the shared resource. What would move it: less Python "
-    "a row (COPY lines built by compiled code, e.g. binary COPY from the decoded structs; "
-    "no per-row projection objects), then the backend's extra statements. Migration 009 "
-    "had made it slower (0.45 -> 0.34-0.40 of raw COPY) mostly through a quadratic join "
-    "in `advance_threads` (~30 ms a batch of 500 threads), since fixed."
+    "What limits one process: CPU in both halves, which now overlap (one thread a shard, "
+    "each shard's next batch read as soon as its last one is stored; before, every read "
+    "waited for the slowest shard's commit and the machine was ~61% busy). Ingest's "
+    "Python and its Postgres backend use about the same CPU (CPU line above); the backend "
+    "~1.3x the raw COPY's: besides the COPY (~81% of the statements' time) it runs a "
+    "commit a 2,000-row batch (~10%, WAL flush), `advance_threads` (~6%) and the "
+    "conversations upsert (~3%). Python's samples are flat: decode + validation ~12%, "
+    "formatting COPY rows ~10% (1.75 us a row, was 3.6: names escaped once a thread, times "
+    "written by msgspec), the projection fold and upserts ~10%, psycopg's statement "
+    "plumbing ~10%, Redis reads and acks ~8%; bucket jobs for idle timers, a round trip "
+    "each (~5%), now go in one pipeline. Start-up (imports, migration check, leases; "
+    "~0.5 s before the first commit) is ~12% of this 200k-event run. What would move it: "
+    "less CPU a row on both sides (COPY rows built by compiled code, e.g. binary COPY from "
+    "the decoded structs; fewer per-row objects in the fold), fewer indexes to maintain "
+    "a row, a shorter start-up, and cores: the 2-core box is ~75% busy after start-up."
 )
 
 
