@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -39,9 +38,6 @@ from contextlog.schema.defaults import ConversationDefaults
 from contextlog.schema.errors import NotVisible, Unavailable
 from contextlog.schema.queries import query
 
-# `wait_for` sleeps until ingest's commit notification (LISTEN contextlog_commits); it also
-# re-checks at least this often, should a notification not come (an older ingest, a lost one).
-POLL_SECONDS = 0.05
 T = TypeVar("T")
 Parts = tuple["ConversationState | None", list[Row], list[tuple[Any, ...]]]
 _content = msgspec.json.Decoder()  # a window row's content, sent as JSON text
@@ -401,9 +397,7 @@ class ContextReader(_Reader):
         lsn = None
         if wait_for is not None:  # on the primary: a standby cannot LISTEN
             with self.connection() as conn:
-                lsn = self._wait(conn, wait_for, timeout, agent, channel, look="event_visible_at")[
-                    0
-                ]
+                lsn = self._wait(conn, wait_for, timeout, agent, channel, look="await_event_at")[0]
         got = self.replica.read(read.fetch, lsn, self.connection)
         ctx = replace(self._context(got.value, now), served_by=got.by)
         return attachments.attach(got.connect, ctx, self.attachments)
@@ -454,50 +448,27 @@ class ContextReader(_Reader):
         agent: str,
         channel: str,
         then: Callable[[Any], Callable[[], T]] | None = None,
-        look: str = "event_visible",
+        look: str = "await_event",
     ) -> tuple[Any, T | None]:
-        """Until `event_id` is stored: sleep on ingest's commit notifications, not a timer.
-        Returns the first column of the `look` query's row (see `event_visible_at`) and
-        what `then` collected: `then(conn)` sends the reads that follow, in the round trip
-        of a look made after a commit (so the reads see that commit).
-
-        The usual read-your-writes case (ingest commits while we wait): listen, look,
-        then, once woken, look + stop listening + the reads: the round trip after the
-        commit is the only one that waits, and with the thread's known rows (`Tails`) it
-        fetches what changed. A look that finds nothing after stopping listens again
-        first (no commit slips in).
-        """
-        params = {"event_id": event_id, "agent": agent, "channel": channel}
-        deadline = time.monotonic() + timeout
+        """Until `event_id` is stored: Postgres waits (`contextlog_await_event`, 010),
+        woken by ingest's commit notification. Returns the first column of the `look`
+        query's row (see `await_event_at`) and what `then` collected: `then(conn)` sends
+        the reads that follow, queued behind the wait, so they run as soon as the event
+        commits, in the same round trip; with the thread's known rows (`Tails`) they
+        fetch what changed."""
+        params = {"event_id": event_id, "agent": agent, "channel": channel, "timeout": timeout}
         # Alone: a LISTEN takes effect when its transaction commits and a pipeline's
-        # statements share one, so a commit just after the look would go unheard.
+        # statements share one, so the waiting statement would not be signalled.
         conn.execute(query("listen_commits"))
-        listening, collect = True, None
+        listening = True
         try:
-            visible = conn.execute(query(look), params)
-            while (row := visible.fetchone()) is None:
-                if collect is not None:
-                    collect()  # not what we wait for, but it teaches the thread's tail
-                    collect = None
-                if not listening:
-                    conn.execute(query("listen_commits"))
-                    listening = True
-                    visible = conn.execute(query(look), params)
-                    continue
-                if (left := deadline - time.monotonic()) <= 0:
-                    raise _not_visible(event_id, timeout)
-                for _ in conn.notifies(timeout=min(left, POLL_SECONDS), stop_after=1):
-                    pass
-                with conn.pipeline():
-                    visible = conn.execute(query(look), params)
-                    conn.execute(query("unlisten_commits"))
-                    collect = then(conn) if then else None
-                listening = False
-            if listening:  # found by a look made while listening
-                with conn.pipeline():
-                    conn.execute(query("unlisten_commits"))
-                    collect = then(conn) if then else None
-                listening = False
+            with conn.pipeline():
+                waited = conn.execute(query(look), params)
+                conn.execute(query("unlisten_commits"))
+                collect = then(conn) if then else None
+            listening = False
+            if (row := waited.fetchone()) is None:
+                raise _not_visible(event_id, timeout)
             return row[0], (collect() if collect else None)
         finally:
             if listening:  # the pooled connection must not keep receiving them
@@ -567,9 +538,7 @@ class AsyncContextReader(_Reader):
         if wait_for is not None:  # on the primary: a standby cannot LISTEN
             async with await self._aconn() as conn:
                 lsn = (
-                    await self._wait(
-                        conn, wait_for, timeout, agent, channel, look="event_visible_at"
-                    )
+                    await self._wait(conn, wait_for, timeout, agent, channel, look="await_event_at")
                 )[0]
         now = now or self.clock()
         read = self._thread_read(agent, channel, thread, now)
@@ -609,38 +578,20 @@ class AsyncContextReader(_Reader):
         agent: str,
         channel: str,
         then: Callable[[Any], Awaitable[Callable[[], Awaitable[T]]]] | None = None,
-        look: str = "event_visible",
+        look: str = "await_event",
     ) -> tuple[Any, T | None]:
         """`ContextReader._wait`, for asyncio."""
-        params = {"event_id": event_id, "agent": agent, "channel": channel}
-        deadline = time.monotonic() + timeout
+        params = {"event_id": event_id, "agent": agent, "channel": channel, "timeout": timeout}
         await conn.execute(query("listen_commits"))  # alone: see `ContextReader._wait`
-        listening, collect = True, None
+        listening = True
         try:
-            visible = await conn.execute(query(look), params)
-            while (row := await visible.fetchone()) is None:
-                if collect is not None:
-                    await collect()
-                    collect = None
-                if not listening:
-                    await conn.execute(query("listen_commits"))
-                    listening = True
-                    visible = await conn.execute(query(look), params)
-                    continue
-                if (left := deadline - time.monotonic()) <= 0:
-                    raise _not_visible(event_id, timeout)
-                async for _ in conn.notifies(timeout=min(left, POLL_SECONDS), stop_after=1):
-                    pass
-                async with conn.pipeline():
-                    visible = await conn.execute(query(look), params)
-                    await conn.execute(query("unlisten_commits"))
-                    collect = await then(conn) if then else None
-                listening = False
-            if listening:
-                async with conn.pipeline():
-                    await conn.execute(query("unlisten_commits"))
-                    collect = await then(conn) if then else None
-                listening = False
+            async with conn.pipeline():
+                waited = await conn.execute(query(look), params)
+                await conn.execute(query("unlisten_commits"))
+                collect = await then(conn) if then else None
+            listening = False
+            if (row := await waited.fetchone()) is None:
+                raise _not_visible(event_id, timeout)
             return row[0], (await collect() if collect else None)
         finally:
             if listening:

@@ -4,7 +4,7 @@ A read names how fresh it must be, and the replica serves it only when it is tha
 
 - `wait_for` reads are exact. The reader waits on the primary until the event is committed
   (a standby cannot LISTEN) and takes the primary's WAL insert position in the same look
-  (`event_visible_at`); the replica serves the read once it has replayed up to there
+  (`await_event_at`); the replica serves the read once it has replayed up to there
   (`replica_replayed`, sent in one pipeline with the reads). Replay only moves forward, so
   reads after a passing check see the event. A replica not there within `wait` seconds
   (polled every `POLL_SECONDS`) leaves the read to the primary: counted as `behind`.

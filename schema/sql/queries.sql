@@ -387,13 +387,14 @@ SELECT t.thread, t.message_count, t.last_activity_at FROM c JOIN threads t
  AND t.last_activity_at >= c.cutoff
 ORDER BY t.last_activity_at DESC LIMIT 20;
 
--- name: event_visible
--- With the conversation: the guard's key, one partition (007).
-SELECT 1 FROM events
-WHERE event_id = %(event_id)s AND agent = %(agent)s AND channel = %(channel)s;
+-- name: await_event
+-- A row once the event is stored (how many times Postgres looked), none after
+-- %(timeout)s seconds: Postgres waits (010).
+SELECT looks FROM contextlog_await_event(%(event_id)s, %(agent)s, %(channel)s, %(timeout)s) looks
+WHERE looks IS NOT NULL;
 
 -- name: listen_commits
--- A reader's `wait_for`: woken by every ingest commit (see advance_checkpoint).
+-- A reader's `wait_for` (`await_event`): woken by every ingest commit (see advance_checkpoint).
 LISTEN contextlog_commits;
 
 -- name: unlisten_commits

@@ -1,13 +1,15 @@
 -- Named queries of reads from a streaming replica (loaded with queries.sql); see
 -- producers/replica.py for how the reader uses them.
 
--- name: event_visible_at
--- `event_visible` on the primary, with its WAL insert position: a snapshot that sees the
--- event began after its transaction's commit record was inserted, so this position is at
--- or after that record (the insert position, not the write or flush one: it holds even
--- under synchronous_commit = off). A replica that has replayed up to it sees the event.
-SELECT pg_current_wal_insert_lsn()::text FROM events
-WHERE event_id = %(event_id)s AND agent = %(agent)s AND channel = %(channel)s;
+-- name: await_event_at
+-- `await_event` on the primary, with its WAL insert position, taken once the event is
+-- visible: a snapshot that sees the event began after its transaction's commit record was
+-- inserted, so this position is at or after that record (the insert position, not the
+-- write or flush one: it holds even under synchronous_commit = off). A replica that has
+-- replayed up to it sees the event.
+SELECT pg_current_wal_insert_lsn()::text
+FROM contextlog_await_event(%(event_id)s, %(agent)s, %(channel)s, %(timeout)s) looks
+WHERE looks IS NOT NULL;
 
 -- name: replica_replayed
 -- On the replica: whether it has replayed the WAL up to %(lsn)s (NULL off a standby).

@@ -6,6 +6,7 @@ import asyncio
 import datetime as dt
 import json
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 from uuid import UUID
@@ -193,11 +194,7 @@ def _listening(reader: ContextReader) -> list[str]:
         return [r[0] for r in conn.execute("SELECT pg_listening_channels()")]
 
 
-def test_wait_for_wakes_on_the_commit_not_a_timer(
-    log: Log, reader: ContextReader, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # With the fallback re-check at 60 s, only the commit's notification can end the wait.
-    monkeypatch.setattr("contextlog.producers.reader.POLL_SECONDS", 60.0)
+def test_wait_for_returns_once_the_event_commits(log: Log, reader: ContextReader) -> None:
     eid = str(uuid7())
     timer = _later(log, eid)
     ctx = reader.context("alpha", "general", wait_for=eid, timeout=20, now=NOW)
@@ -206,11 +203,51 @@ def test_wait_for_wakes_on_the_commit_not_a_timer(
     assert _listening(reader) == []  # the pooled connection stopped listening
 
 
-def test_wait_for_sleeps_through_other_commits(
-    log: Log, reader: ContextReader, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A commit without the awaited event wakes the reader, which listens again and waits on.
-    monkeypatch.setattr("contextlog.producers.reader.POLL_SECONDS", 60.0)
+def _await(conn: psycopg.Connection[Any], event_id: str, timeout: float) -> int | None:
+    row = conn.execute(
+        "SELECT contextlog_await_event(%s, 'alpha', 'general', %s)", (event_id, timeout)
+    ).fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
+def test_a_listening_wait_is_woken_by_each_commit(log: Log, db: str) -> None:
+    """`wait_for` waits in Postgres (010), looking every millisecond and at each commit's
+    signal: a wait through a storm of commits looks far more often than its timer alone
+    could, one look a millisecond."""
+    eid = str(uuid7())
+
+    def storm() -> None:
+        with psycopg.connect(db, autocommit=True) as conn:
+            for _ in range(1000):
+                conn.execute("NOTIFY contextlog_commits")  # as each ingest commit does
+        log.say("user", "late", NOW - HOUR, event_id=UUID(eid))
+
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("LISTEN contextlog_commits")
+        stormer = threading.Thread(target=storm)
+        start = time.monotonic()
+        stormer.start()
+        looks = _await(conn, eid, 20)
+        elapsed_ms = (time.monotonic() - start) * 1000
+        stormer.join()
+    assert looks is not None and looks > 1.5 * elapsed_ms
+
+
+def test_a_wait_without_the_commit_signal_still_ends(log: Log, db: str) -> None:
+    """A connection not listening (or an ingest that sends no NOTIFY) is not signalled:
+    the wait looks every millisecond, finds the event, and gives up at its timeout."""
+    eid = str(uuid7())
+    timer = _later(log, eid, 0.1)
+    with psycopg.connect(db, autocommit=True) as conn:
+        looks = _await(conn, eid, 20)
+        assert _await(conn, str(uuid7()), 0.05) is None  # never stored
+    timer.join()
+    assert looks is not None and looks > 10
+
+
+def test_wait_for_sleeps_through_other_commits(log: Log, reader: ContextReader) -> None:
+    # A commit without the awaited event wakes the wait, which looks and waits on.
     eid = str(uuid7())
     timers = [_later(log, str(uuid7()), 0.2, "other"), _later(log, eid, 0.6)]
     ctx = reader.context("alpha", "general", wait_for=eid, timeout=20, now=NOW)
@@ -225,7 +262,6 @@ def test_wait_for_after_a_read_fetches_only_what_changed(
 ) -> None:
     """A bot's next turn: the reader holds the rows of its last read, so the read after
     the commit it waited for brings the new message alone."""
-    monkeypatch.setattr("contextlog.producers.reader.POLL_SECONDS", 60.0)
     for i in range(40):
         log.say("user" if i % 2 == 0 else "assistant", f"m{i}", NOW - 2 * HOUR)
     sent: list[int] = []  # rows that came with their payload, per read of the window
@@ -269,10 +305,7 @@ def test_a_failed_wait_stops_listening(reader: ContextReader) -> None:
     assert _listening(reader) == []
 
 
-def test_async_wait_for_wakes_on_the_commit(
-    log: Log, db: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr("contextlog.producers.reader.POLL_SECONDS", 60.0)
+def test_async_wait_for_returns_once_the_event_commits(log: Log, db: str) -> None:
     eid = str(uuid7())
 
     async def go() -> list[str]:

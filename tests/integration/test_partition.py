@@ -125,7 +125,7 @@ def test_migration_007_converts_a_log_in_place(at_006: str) -> None:
     assert before["general/None"][0]["messages"]  # the window after the clear
     assert before["random/sessions"] and before["general/sessions"]
     with psycopg.connect(at_006) as conn:
-        assert migrate(conn) == ["007_partitioned_events", "009_running_totals"]
+        assert migrate(conn) == ["007_partitioned_events", "009_running_totals", "010_await_event"]
         parts = conn.execute(
             "SELECT count(*) FROM pg_inherits WHERE inhparent = 'events'::regclass"
         ).fetchone()
@@ -146,7 +146,7 @@ def test_migration_007_converts_a_log_in_place(at_006: str) -> None:
 
 def test_migration_007_on_an_empty_log(at_006: str) -> None:
     with psycopg.connect(at_006) as conn:
-        assert migrate(conn) == ["007_partitioned_events", "009_running_totals"]
+        assert migrate(conn) == ["007_partitioned_events", "009_running_totals", "010_await_event"]
     log = PostgresEventLog(psycopg.connect(at_006))
     assert log.append(0, 1, [entry(message("general", 1))]) == 1
     log.close()
