@@ -203,17 +203,25 @@ def _whole(params: dict[str, Any]) -> dict[str, Any]:
     return {**params, "bounded": False, **NO_HINT}
 
 
+def window_query(params: dict[str, Any]) -> str:
+    """The read of a thread's window: from the reader's last read when it has one."""
+    return "window_messages" if params["hint_seq"] is None else "window_tail"
+
+
 def send_window(conn: Any, params: dict[str, Any], known: Known) -> Callable[[], Parts]:
     """Send the three reads of a context (on a connection in pipeline mode, they travel
     with whatever else is queued); returns how to collect them. `known`: the rows of the
     thread's last read (`Tails.hint`), which come back without their payload."""
     state_cur = conn.execute(query("conversation_state"), params)
-    rows_cur = conn.cursor().execute(query("window_messages"), params)
+    rows_cur = conn.cursor().execute(query(window_query(params)), params)
     threads_cur = conn.cursor().execute(query("active_threads"), params)
 
     def collect() -> Parts:
         state = _state(state_cur.fetchone())
-        rows, threads = fill(rows_cur.fetchall(), known), threads_cur.fetchall()
+        got, threads = rows_cur.fetchall(), threads_cur.fetchall()
+        if not got and known:  # a stale hint: the window from its start
+            got = conn.execute(query("window_messages"), {**params, **NO_HINT}).fetchall()
+        rows = fill(got, known)
         if rows is None or not complete(rows):  # no turn to start at in the bounded fetch
             rows = conn.execute(query("window_messages"), _whole(params)).fetchall()
         return state, rows, threads
@@ -226,12 +234,16 @@ async def asend_window(
 ) -> Callable[[], Awaitable[Parts]]:
     """`send_window` on an asyncio connection."""
     state_cur = await conn.execute(query("conversation_state"), params)
-    rows_cur = await conn.cursor().execute(query("window_messages"), params)
+    rows_cur = await conn.cursor().execute(query(window_query(params)), params)
     threads_cur = await conn.cursor().execute(query("active_threads"), params)
 
     async def collect() -> Parts:
         state = _state(await state_cur.fetchone())
-        rows, threads = fill(await rows_cur.fetchall(), known), await threads_cur.fetchall()
+        got, threads = await rows_cur.fetchall(), await threads_cur.fetchall()
+        if not got and known:  # a stale hint: the window from its start
+            cur = await conn.execute(query("window_messages"), {**params, **NO_HINT})
+            got = await cur.fetchall()
+        rows = fill(got, known)
         if rows is None or not complete(rows):
             cur = await conn.execute(query("window_messages"), _whole(params))
             rows = await cur.fetchall()

@@ -1,6 +1,6 @@
 """What a reader remembers of each thread's last read, so the next one costs what changed.
 
-The `window_messages` query takes the tail hint of a reader's last read of a thread: the
+The `window_tail` query takes the tail hint of a reader's last read of a thread: the
 last row it returned (seq, event id, `before`: the tokens of the window ahead of it) and
 that read's window key. While the key holds, the query reads only from that row on: the
 hint's row comes back without its payload, the new rows with theirs, and every row says
@@ -8,7 +8,8 @@ where the budget's cut is now (`at`). The rows ahead of the hint that the cut ke
 the last read's: the reader keeps them here (`fill`). A read costs what changed.
 
 The query checks the hint against the window's definition and the event stored at its
-seq, and ignores a stale one, so a hint is never wrong, only useless. Rows are kept as
+seq, and returns nothing for a stale one (the reader then reads the window with
+`window_messages`), so a hint is never wrong, only useless. Rows are kept as
 the query sent them (content as JSON text) and decoded afresh for every read: a caller
 that edits a context's blocks changes nothing here.
 """
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-# window_messages: seq, occurred_at, tokens, role, content, before, wkey, event id, at
+# window_messages, window_tail: seq, occurred_at, tokens, role, content, before, wkey, event id, at
 Row = tuple[Any, ...]
 Known = dict[int, Row]  # seq -> the row as the last read returned it, in seq order
 

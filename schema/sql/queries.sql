@@ -182,20 +182,10 @@ WHERE c.agent = %(agent)s AND c.channel = %(channel)s;
 -- row whose `before` (tokens of the window before it) reaches a multiple of the step
 -- budget/2 chosen so the rest fits. The start moves only when the window grows by
 -- half a budget, so one trim serves many turns; only those rows are fetched and
--- decoded (`bounded`), whatever the window's length.
---
--- The tail hint (issue 12.2: a read costs what changed, not what the window or the budget
--- holds): a reader passes the last row of its last read (`hint_seq`, its event id
--- `hint_id`, its `hint_before`) and that read's `wkey` (the window's definition: edge,
--- clear, compaction, restore; and the budget, whose growth moves the kept part's start
--- back). While `wkey` is unchanged, rows up to `hint_seq` are the same rows (the log is
--- append-only and seqs only grow), the reader holds every one of them the cut can still
--- keep (the cut only moves forward), and the window's sums go on from `hint_before`: only
--- rows from `hint_seq` on are read, by the (agent, channel, seq) key, and the hint's own
--- row comes back without its payload (event_id, occurred_at, role and content NULL). The
--- reader adds its rows ahead of the hint that the cut (`at`, on every row) keeps
--- (producers/tails.py). Any other `wkey`, or no hint: every kept row is sent, and the
--- window's sums are found one of two ways (the same sums, the same rows):
+-- decoded (`bounded`), whatever the window's length. The window's definition and the cut
+-- are `contextlog_window` and `contextlog_cut` (011), shared with `window_tail`, the read
+-- from a reader's last read. Every kept row is sent, and the window's sums are found one
+-- of two ways (the same sums, the same rows):
 --
 -- - from the running totals (migration 009: `through` on each message, the thread's
 --   tokens up to it) when the window is one contiguous run of its thread's messages: its
@@ -207,29 +197,8 @@ WHERE c.agent = %(agent)s AND c.channel = %(channel)s;
 -- - otherwise (such a row; a restored session in the window; rows older than 009) the
 --   whole window is summed: an index-only scan of every message's (time, seq, tokens).
 WITH c AS (
-    SELECT cleared_seq, restored_seqs, restored_at, cutoff, compacted, last_seq,
-           coalesce(token_budget, %(default_budget)s) AS budget,
-           greatest(1, coalesce(token_budget, %(default_budget)s) / 2) AS step,
-           concat_ws(' ', extract(epoch FROM cutoff)::bigint, cleared_seq, compacted,
-                     coalesce(token_budget, %(default_budget)s),
-                     CASE WHEN restored_at >= cutoff THEN restored_at END) AS wkey
-    FROM (
-        SELECT cleared_seq, restored_seqs, restored_at, token_budget, last_seq,
-               coalesce((SELECT compacted_through_seq FROM threads
-                         WHERE agent = %(agent)s AND channel = %(channel)s
-                           AND thread = %(thread)s), 0) AS compacted,
-               contextlog_window_start(
-                   %(now)s, coalesce(rolling_window, %(default_window)s)) AS cutoff
-        FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s
-    ) conv
-), h AS MATERIALIZED (
-    -- The hint's row must still be the event it named (`hint_id`): a log emptied and
-    -- written again (a conversation retired, then new) may reuse its seq and key.
-    SELECT e.seq, %(hint_before)s::bigint AS before
-    FROM c JOIN events e
-      ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq = %(hint_seq)s::bigint
-     AND e.event_id = %(hint_id)s::uuid
-    WHERE c.wkey = %(hint_key)s::text
+    SELECT * FROM contextlog_window(%(agent)s, %(channel)s, %(thread)s, %(now)s,
+                                    %(default_window)s::integer, %(default_budget)s::integer)
 ), r AS MATERIALIZED (
     -- Without a hint: the thread's first message at or after the rolling edge, by time
     -- (then seq): the first time by the window index, then its first row.
@@ -248,7 +217,7 @@ WITH c AS (
             OFFSET 0
         ) e ORDER BY e.seq LIMIT 1
     ) e
-    WHERE NOT EXISTS (SELECT FROM h) AND NOT coalesce(c.restored_at >= c.cutoff, false)
+    WHERE NOT coalesce(c.restored_at >= c.cutoff, false)
 ), f AS MATERIALIZED (
     -- The window's first row (`seq`) and the thread's running total before it (`base`),
     -- when the window is the contiguous run of the thread's messages from that row:
@@ -288,39 +257,18 @@ WITH c AS (
       ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.thread = %(thread)s
      AND e.kind = 'message.v1' AND e.occurred_at >= c.cutoff AND e.seq > c.cleared_seq
      AND e.seq > c.compacted
-    WHERE NOT EXISTS (SELECT FROM h) AND NOT EXISTS (SELECT FROM f)
+    WHERE NOT EXISTS (SELECT FROM f)
     UNION ALL
     SELECT e.seq, e.tokens
     FROM c JOIN events e
       ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq = ANY(c.restored_seqs)
      AND e.thread = %(thread)s AND e.seq > c.compacted
-    WHERE c.restored_at >= c.cutoff AND NOT EXISTS (SELECT FROM h) AND NOT EXISTS (SELECT FROM f)
-    UNION ALL
-    -- With a hint: the same two branches' rows from `hint_seq` on, by the seq key (the
-    -- fence, OFFSET 0, keeps the thread's other conditions out of the index choice).
-    -- The range is bounded on both sides (up to the conversation's last seq): a planner
-    -- that knows neither bound when planning estimates a range at a small share of the
-    -- rows, where `seq >=` alone is a third, and a third of a partition one conversation
-    -- fills (a small deployment) is read faster by a sequential scan: every re-read would
-    -- scan the partition. EXISTS gates the scan when there is no hint.
-    SELECT e.seq, e.tokens
-    FROM c CROSS JOIN (
-        SELECT e.seq, e.tokens, e.thread, e.kind, e.occurred_at FROM events e
-        WHERE e.agent = %(agent)s AND e.channel = %(channel)s
-          AND e.seq >= (SELECT seq FROM h) AND e.seq <= (SELECT last_seq FROM c)
-          AND EXISTS (SELECT FROM h)
-        OFFSET 0
-    ) e
-    WHERE e.thread = %(thread)s AND e.kind = 'message.v1' AND e.seq > c.compacted
-      AND ((e.occurred_at >= c.cutoff AND e.seq > c.cleared_seq)
-           OR (c.restored_at >= c.cutoff AND e.seq = ANY(c.restored_seqs)))
+    WHERE c.restored_at >= c.cutoff AND NOT EXISTS (SELECT FROM f)
 ), cut AS MATERIALIZED (
-    -- Where the kept part starts, in tokens of the window ahead of it: 0, or the
-    -- smallest multiple of the step that leaves at most the budget.
-    -- The newest row is always fetched: an empty answer means an empty window.
-    SELECT t.total, t.last, CASE WHEN NOT %(bounded)s OR t.total <= c.budget THEN 0
-                         ELSE (t.total - c.budget + c.step - 1) / c.step * c.step END AS at
-    FROM (SELECT coalesce((SELECT before FROM h), 0) + coalesce(sum(tokens), 0) AS total,
+    -- Where the kept part starts (`contextlog_cut`, 011). The newest row is always
+    -- fetched: an empty answer means an empty window.
+    SELECT t.total, t.last, contextlog_cut(t.total, c.budget, c.step, %(bounded)s) AS at
+    FROM (SELECT coalesce(sum(tokens), 0) AS total,
                  max(seq) AS last FROM w HAVING NOT EXISTS (SELECT FROM f)
           UNION ALL
           -- From the running totals: the thread's last message ends the window.
@@ -344,8 +292,7 @@ WITH c AS (
 ), k AS MATERIALIZED (
     SELECT s.seq, s.before, s.tokens
     FROM (SELECT w.seq, w.tokens,
-                 coalesce((SELECT before FROM h), 0)
-                 + sum(w.tokens) OVER (ORDER BY w.seq ROWS UNBOUNDED PRECEDING) - w.tokens
+                 sum(w.tokens) OVER (ORDER BY w.seq ROWS UNBOUNDED PRECEDING) - w.tokens
                      AS before
           FROM w) s, cut
     WHERE s.before >= cut.at OR s.seq = cut.last
@@ -363,17 +310,74 @@ WITH c AS (
 )
 SELECT k.seq, e.occurred_at, k.tokens, e.payload->>'role', (e.payload->'content')::text,
        k.before::bigint, c.wkey, e.event_id, cut.at::bigint
--- One lookup by key per kept row not known to the reader, whatever the planner
--- estimates (LIMIT keeps the subquery from being flattened into a join; MATERIALIZED
--- above for the same reason: a fresh table has no statistics, and a plan that joins
--- first reads every payload of the window, or sums the window once per row).
+-- One lookup by key per kept row, whatever the planner estimates (LIMIT keeps the
+-- subquery from being flattened into a join; MATERIALIZED above for the same reason: a
+-- fresh table has no statistics, and a plan that joins first reads every payload of the
+-- window, or sums the window once per row).
 FROM k CROSS JOIN c CROSS JOIN cut
-CROSS JOIN (SELECT coalesce((SELECT seq FROM h), 0) AS seq) known
 LEFT JOIN LATERAL (
     SELECT e.occurred_at, e.payload, e.event_id FROM events e
-    WHERE e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq = k.seq
-      AND k.seq > known.seq LIMIT 1
+    WHERE e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq = k.seq LIMIT 1
 ) e ON true
+ORDER BY 1;
+
+-- name: window_tail
+-- The window of one thread read from the reader's last read of it, the bot turn's read
+-- (issue 12.2: a read costs what changed, not what the window or the budget holds): the
+-- reader passes the last row it returned (`hint_seq`, its event id `hint_id`, its
+-- `hint_before`) and that read's `wkey` (the window's definition: edge, clear,
+-- compaction, restore; and the budget, whose growth moves the kept part's start back).
+-- While `wkey` is unchanged, rows up to `hint_seq` are the same rows (the log is
+-- append-only and seqs only grow), the reader holds every one of them the cut can still
+-- keep (the cut only moves forward), and the window's sums go on from `hint_before`: only
+-- rows from `hint_seq` on are read, by the (agent, channel, seq) key, and the hint's own
+-- row comes back without its payload (event_id, occurred_at, role and content NULL). The
+-- reader adds its rows ahead of the hint that the cut (`at`, on every row) keeps
+-- (producers/tails.py). The rows and columns of `window_messages`, in a plan a tenth its
+-- size. No row: the hint is stale (another `wkey`, or its row is not the event it named:
+-- a log emptied and written again may reuse a seq), and the reader reads the window with
+-- `window_messages`.
+WITH c AS (
+    SELECT * FROM contextlog_window(%(agent)s, %(channel)s, %(thread)s, %(now)s,
+                                    %(default_window)s::integer, %(default_budget)s::integer)
+), w AS MATERIALIZED (
+    -- The window's rows from `hint_seq` on, by the seq key (the fence, OFFSET 0, keeps the
+    -- thread's other conditions out of the index choice). The range is bounded on both
+    -- sides (up to the conversation's last seq): a planner that knows neither bound when
+    -- planning estimates a range at a small share of the rows, where `seq >=` alone is a
+    -- third, and a third of a partition one conversation fills (a small deployment) is
+    -- read faster by a sequential scan: every re-read would scan the partition.
+    SELECT e.seq, e.tokens, e.occurred_at, e.payload, e.event_id
+    FROM c CROSS JOIN (
+        SELECT e.seq, e.tokens, e.thread, e.kind, e.occurred_at, e.payload, e.event_id
+        FROM events e
+        WHERE e.agent = %(agent)s AND e.channel = %(channel)s
+          AND e.seq >= %(hint_seq)s::bigint AND e.seq <= (SELECT last_seq FROM c)
+        OFFSET 0
+    ) e
+    WHERE c.wkey = %(hint_key)s::text
+      AND EXISTS (SELECT FROM events h
+                  WHERE h.agent = %(agent)s AND h.channel = %(channel)s
+                    AND h.seq = %(hint_seq)s::bigint AND h.event_id = %(hint_id)s::uuid)
+      AND e.thread = %(thread)s AND e.kind = 'message.v1' AND e.seq > c.compacted
+      AND ((e.occurred_at >= c.cutoff AND e.seq > c.cleared_seq)
+           OR (c.restored_at >= c.cutoff AND e.seq = ANY(c.restored_seqs)))
+), cut AS MATERIALIZED (
+    SELECT max(w.seq) AS last,
+           contextlog_cut(%(hint_before)s::bigint + sum(w.tokens), c.budget, c.step,
+                          %(bounded)s) AS at
+    FROM w CROSS JOIN c GROUP BY c.budget, c.step
+)
+SELECT s.seq, CASE WHEN s.seq > %(hint_seq)s::bigint THEN s.occurred_at END, s.tokens,
+       CASE WHEN s.seq > %(hint_seq)s::bigint THEN s.payload->>'role' END,
+       CASE WHEN s.seq > %(hint_seq)s::bigint THEN (s.payload->'content')::text END,
+       s.before::bigint, c.wkey,
+       CASE WHEN s.seq > %(hint_seq)s::bigint THEN s.event_id END, cut.at::bigint
+FROM (SELECT w.*, %(hint_before)s::bigint
+                  + sum(w.tokens) OVER (ORDER BY w.seq ROWS UNBOUNDED PRECEDING) - w.tokens
+                      AS before
+      FROM w) s CROSS JOIN c CROSS JOIN cut
+WHERE s.before >= cut.at OR s.seq = cut.last
 ORDER BY 1;
 -- name: active_threads
 -- The other threads active within the rolling window (the same edge as `window_messages`).

@@ -14,7 +14,7 @@ import psycopg
 
 from contextlog.producers import AsyncContextReader, ContextReader
 from contextlog.producers.context import build_context
-from contextlog.producers.reader import rolling_cutoff, stored, window_params
+from contextlog.producers.reader import rolling_cutoff, stored, window_params, window_query
 from contextlog.producers.tails import NO_HINT, fill
 from contextlog.schema import events as ev
 from contextlog.schema.defaults import ConversationDefaults
@@ -224,7 +224,7 @@ def events_rows_scanned(conn: psycopg.Connection[Any], params: dict[str, Any]) -
     """Rows the window query's scans of `events` read: returned or filtered out (EXPLAIN
     ANALYZE, all nodes), so a scan that reads a partition to keep a few rows counts all."""
     row = conn.execute(
-        "EXPLAIN (ANALYZE, FORMAT JSON) " + query("window_messages"), params
+        "EXPLAIN (ANALYZE, FORMAT JSON) " + query(window_query(params)), params
     ).fetchone()
     assert row is not None
 
@@ -261,7 +261,7 @@ def test_a_hinted_read_reads_what_changed_not_the_window(db: str, log: Log) -> N
         # a third of this one-conversation partition from the hint on read all of it.
         conn.execute("ANALYZE events")
         whole = conn.execute(query("window_messages"), plain).fetchall()
-        tail = conn.execute(query("window_messages"), params).fetchall()
+        tail = conn.execute(query("window_tail"), params).fetchall()
         summed, tailed = events_rows_scanned(conn, plain), events_rows_scanned(conn, params)
     assert len(whole) < 80 and summed <= 4 * len(whole) and first.truncated, summed
     assert len(tail) == 4 and tailed <= 3 * len(tail), (tailed, len(tail))
@@ -288,7 +288,7 @@ def test_rows_a_reader_holds_come_back_without_their_payload(db: str, log: Log) 
         plain = {**params, **NO_HINT}
         with psycopg.connect(db) as conn:
             full = conn.execute(query("window_messages"), plain).fetchall()
-            bare = conn.execute(query("window_messages"), params).fetchall()
+            bare = conn.execute(query("window_tail"), params).fetchall()
             bare_looked = events_rows_scanned(conn, params)
         assert bare[0][0] == params["hint_seq"] and bare[0][7] is None
         assert sum(row[7] is not None for row in bare) == n  # the new questions

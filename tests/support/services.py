@@ -46,8 +46,10 @@ def create_database(base_url: str, name: str) -> str:
     return url
 
 
-# Migrations that only add functions today's `PostgresEventLog` calls (008: the fence).
-WRITER_FUNCTIONS: Final = frozenset({8})
+# Migrations that only add functions today's code calls: `PostgresEventLog` (008: the
+# fence) and the reader, which tests use to observe an older layout (010: `wait_for`'s
+# wait; 011: the window's definition and cut).
+CALLED_FUNCTIONS: Final = frozenset({8, 10, 11})
 # The columns today's writer writes that a later migration adds (009: the running totals),
 # added under an older layout as that migration adds them (IF NOT EXISTS: it skips them,
 # or adds them again to the table 007 builds).
@@ -60,7 +62,7 @@ WRITER_COLUMNS: Final = {
 
 def migrate_layout(conn: psycopg.Connection[TupleRow], upto: int) -> list[str]:
     """Migrate up to `upto` (the tables as that release left them) plus the later
-    function-only migrations today's writer calls and the columns it writes, so tests can
+    function-only migrations today's writer and reader call and the columns it writes, so tests can
     fill the database with today's `PostgresEventLog`; `migrate` applies the others later,
     in order. Returns the names applied."""
     applied = migrate(conn, upto=upto)
@@ -69,7 +71,7 @@ def migrate_layout(conn: psycopg.Connection[TupleRow], upto: int) -> list[str]:
             if version > upto:
                 conn.execute(columns)
         for m in migrations():
-            if m.version > upto and m.version in WRITER_FUNCTIONS:
+            if m.version > upto and m.version in CALLED_FUNCTIONS:
                 conn.execute(m.sql.encode())
                 conn.execute(
                     "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
