@@ -170,6 +170,13 @@ def _not_visible(event_id: str, timeout: float) -> NotVisible:
     )
 
 
+def _cut_short(event_id: str, timeout: float, error: psycopg.Error) -> NotVisible:
+    return NotVisible(
+        f"the wait for event {event_id} was cancelled before its {timeout}s ({error}): "
+        "Postgres waits for it, so a `statement_timeout` below the wait's timeout ends it"
+    )
+
+
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
@@ -474,10 +481,13 @@ class ContextReader(_Reader):
         conn.execute(query("listen_commits"))
         listening = True
         try:
-            with conn.pipeline():
-                waited = conn.execute(query(look), params)
-                conn.execute(query("unlisten_commits"))
-                collect = then(conn) if then else None
+            try:
+                with conn.pipeline():
+                    waited = conn.execute(query(look), params)
+                    conn.execute(query("unlisten_commits"))
+                    collect = then(conn) if then else None
+            except psycopg.errors.QueryCanceled as e:
+                raise _cut_short(event_id, timeout, e) from e
             listening = False
             if (row := waited.fetchone()) is None:
                 raise _not_visible(event_id, timeout)
@@ -597,10 +607,13 @@ class AsyncContextReader(_Reader):
         await conn.execute(query("listen_commits"))  # alone: see `ContextReader._wait`
         listening = True
         try:
-            async with conn.pipeline():
-                waited = await conn.execute(query(look), params)
-                await conn.execute(query("unlisten_commits"))
-                collect = await then(conn) if then else None
+            try:
+                async with conn.pipeline():
+                    waited = await conn.execute(query(look), params)
+                    await conn.execute(query("unlisten_commits"))
+                    collect = await then(conn) if then else None
+            except psycopg.errors.QueryCanceled as e:
+                raise _cut_short(event_id, timeout, e) from e
             listening = False
             if (row := await waited.fetchone()) is None:
                 raise _not_visible(event_id, timeout)

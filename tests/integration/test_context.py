@@ -17,9 +17,11 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from psycopg_pool import ConnectionPool
 
 from contextlog.producers import AsyncContextReader, ContextReader, NotVisible, Producer, tails
 from contextlog.producers.ids import uuid7
+from contextlog.producers.reader import _configure
 from contextlog.schema import codec
 from contextlog.schema import events as ev
 from contextlog.schema.defaults import ConversationDefaults
@@ -209,6 +211,24 @@ def _await(conn: psycopg.Connection[Any], event_id: str, timeout: float) -> int 
     ).fetchone()
     assert row is not None
     return row[0]  # type: ignore[no-any-return]
+
+
+def test_a_statement_timeout_shorter_than_the_wait_is_named(db: str) -> None:
+    """Postgres does the waiting, so a deployment's `statement_timeout` can end it early:
+    the caller is told so, and the pooled connection stops listening."""
+
+    def configure(conn: psycopg.Connection[Any]) -> None:
+        _configure(conn)
+        conn.execute("SET statement_timeout = 100")
+
+    pool = ConnectionPool(db, configure=configure, kwargs={"autocommit": True}, open=False)
+    r = ContextReader(pool, defaults=ConversationDefaults())
+    try:
+        with pytest.raises(NotVisible, match="statement_timeout"):
+            r.context("alpha", "general", wait_for=str(uuid7()), timeout=20)
+        assert _listening(r) == []
+    finally:
+        r.close()
 
 
 def test_a_listening_wait_is_woken_by_each_commit(log: Log, db: str) -> None:
