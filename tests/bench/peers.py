@@ -67,26 +67,27 @@ PUSH_BATCH = 1000
 TABLE = "lc_chat_history"
 
 
-# What limits the bot turn (ingest's phases traced in its own process beside the bench's
-# marks, same monotonic clock; each piece also timed alone, hot and after a 20 ms pause,
-# 2026-11-23, this box, quiet); kept beside the figures, refreshed by hand.
+# What limits the bot turn (ingest's phases traced in its own process beside an ad-hoc
+# turn loop's marks, same wall clock, 200 turns with the bench's 20 ms pause; Postgres's
+# statement durations from its log; 2026-11-23, this box, quiet); refreshed by hand.
 LIMITS = (
-    "Where a 100-message bot turn goes (p50, traced, quiet box, ~3.9 ms): XADD ~0.5 ms, "
-    "ingest's read and decode ~0.2 ms, the append to COMMIT ~1.65 ms (one round trip), "
-    "then the read after the commit notification ~1.3 ms (look + unlisten + three reads in "
-    "one round trip; the window query reads only the rows posted since the reader's last "
-    "read) and `build_context` ~0.35 ms.",
-    "What limits it is waking up, not work: every hop after the think-time pause runs cold. "
-    "The same one-event append is 0.64 ms back to back but 1.76 ms after a 20 ms pause "
-    "(`python -m tests.bench.append_latency`, with a sleep between appends; Postgres's own "
-    "statement durations add to ~0.9 ms of it, COMMIT's WAL flush 0.4), and the reader's "
-    "post-wake round trip 0.5 ms hot vs 1.0-1.1 ms after a pause; langchain's turn is two "
-    "hops (INSERT + COMMIT, SELECT) in one process, ours five (producer, Redis, ingest, "
-    "Postgres, reader). Arming idle timers off the path was tried: with them off entirely "
-    "the turn was no faster (the timer script runs while the reader waits on Postgres).",
-    "What would move it: fewer hops on a turn (a reader that serves the posted message from "
-    "the stream's pending entries while ingest stores it: a different read-your-writes "
-    "contract, not started), or fewer statements per hop.",
+    "Where a 100-message bot turn goes (p50, traced, quiet box, ~3.1 ms): XADD 0.36 ms; "
+    "ingest has read and decoded the entry at 0.55 ms; its append (one pipelined round "
+    "trip) has COMMIT's answer at 2.35 ms (0.4 ms of it psycopg queueing six statements, "
+    "Postgres's own statement durations ~0.4 ms and COMMIT ~0.5 ms with its WAL flush); "
+    "the reader's rows arrive 0.2-0.3 ms later, since its wait and reads sat in Postgres "
+    "before the commit (`contextlog_await_event`, 010; `window_tail`, 011); "
+    "`build_context` and attachments take the last ~0.4 ms.",
+    "What limits it is hops and waking up: langchain's turn is INSERT + COMMIT, then a "
+    "SELECT, in one process; ours crosses producer, Redis, ingest, Postgres and reader, "
+    "every one cold after the think-time pause (the same one-event append is 0.64 ms back "
+    "to back but 1.76 ms after a 20 ms pause: `python -m tests.bench.append_latency`).",
+    "What would move it: a one-event append as one statement (a function doing checkpoint, "
+    "conversations, rows and threads, sent in autocommit: one execute instead of six, "
+    "~0.3 ms of ingest's CPU on the path), a context built from the last read's instead of "
+    "afresh (~0.2 ms for 100 messages), or a reader that serves the posted message from "
+    "the stream's pending entries while ingest stores it (a different read-your-writes "
+    "contract, not started).",
 )
 
 
