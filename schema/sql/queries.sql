@@ -379,6 +379,7 @@ FROM (SELECT w.*, %(hint_before)s::bigint
       FROM w) s CROSS JOIN c CROSS JOIN cut
 WHERE s.before >= cut.at OR s.seq = cut.last
 ORDER BY 1;
+
 -- name: active_threads
 -- The other threads active within the rolling window (the same edge as `window_messages`).
 WITH c AS (
