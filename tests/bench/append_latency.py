@@ -1,11 +1,13 @@
 """One bot turn's append: the latency of `PostgresEventLog.append` of a single message.
 
-`python -m tests.bench.append_latency [--appends N]` (DATABASE_URL set; not part of
-`make bench`, which measures rates). It works on a database of its own, created on the
+`python -m tests.bench.append_latency [--appends N] [--pause-ms MS]` (DATABASE_URL set;
+not part of `make bench`, which measures rates). `--pause-ms 20` pauses before each
+append as the peers benchmark's bot turn does (think time), so every process on the path
+starts it cold, as a bot's turn does. It works on a database of its own, created on the
 DATABASE_URL server and dropped at the end: 10 conversations of 100 messages, then N
 one-event appends spread over them, timed one by one (median and p90). For scale, the
 floor: the same one-row INSERT and its COMMIT into a scratch table `LIKE events`, one
-round trip with none of the checkpoint, projections or fencing.
+transaction with none of the checkpoint, projections or fencing.
 """
 
 from __future__ import annotations
@@ -43,19 +45,22 @@ def message(channel: str, i: int) -> Accepted:
     return Accepted(f"{i}-0", event, codec.encode(event))
 
 
-def timed(runs: int, step: Callable[[int], None]) -> list[float]:
-    """Milliseconds of each of `runs` calls of `step`, after WARMUP untimed ones."""
+def timed(runs: int, step: Callable[[int], None], pause: float) -> list[float]:
+    """Milliseconds of each of `runs` calls of `step`, after WARMUP untimed ones, with
+    `pause` seconds between calls (a bot turn follows a person's think time, so
+    every process on its path starts it cold)."""
     for i in range(WARMUP):
         step(i)
     taken = []
     for i in range(runs):
+        time.sleep(pause)
         start = time.perf_counter()
         step(WARMUP + i)
         taken.append((time.perf_counter() - start) * 1000)
     return taken
 
 
-def appends(url: str, runs: int) -> list[float]:
+def appends(url: str, runs: int, pause: float) -> list[float]:
     log = PostgresEventLog(psycopg.connect(url))
     channels = [f"c{i}" for i in range(CONVERSATIONS)]
     for channel in channels:
@@ -65,12 +70,12 @@ def appends(url: str, runs: int) -> list[float]:
         assert log.append(0, 1, [message(channels[i % CONVERSATIONS], HISTORY + i)]) == 1
 
     try:
-        return timed(runs, step)
+        return timed(runs, step, pause)
     finally:
         log.close()
 
 
-def floor(url: str, runs: int) -> list[float]:
+def floor(url: str, runs: int, pause: float) -> list[float]:
     with psycopg.connect(url) as conn:
         conn.execute("CREATE TABLE latency_floor (LIKE events INCLUDING ALL)")
         conn.commit()
@@ -84,7 +89,7 @@ def floor(url: str, runs: int) -> list[float]:
                     (a.event.event_id, "latency", "floor", i + 1, T0, a.payload.decode()),
                 )
 
-        return timed(runs, step)
+        return timed(runs, step, pause)
 
 
 def summary(label: str, taken: Sequence[float]) -> str:
@@ -95,7 +100,11 @@ def summary(label: str, taken: Sequence[float]) -> str:
 def main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.bench.append_latency", description=__doc__)
     p.add_argument("--appends", type=int, default=300, help="one-event appends timed")
+    p.add_argument(
+        "--pause-ms", type=float, default=0.0, help="pause before each timed append (ms)"
+    )
     args = p.parse_args(argv)
+    pause = args.pause_ms / 1000
     base = os.environ.get("DATABASE_URL")
     if not base:
         print("DATABASE_URL is not set", file=sys.stderr)
@@ -103,8 +112,8 @@ def main(argv: Sequence[str]) -> int:
     name = f"contextlog_latency_{uuid.uuid4().hex[:8]}"
     url = create_database(base, name)
     try:
-        print(summary("one-event append", appends(url, args.appends)))
-        print(summary("floor: INSERT + COMMIT", floor(url, args.appends)))
+        print(summary("one-event append", appends(url, args.appends, pause)))
+        print(summary("floor: INSERT + COMMIT", floor(url, args.appends, pause)))
     finally:
         drop_database(base, name)
     return 0
