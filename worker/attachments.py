@@ -59,7 +59,6 @@ def any_refs(batch: Sequence[Accepted]) -> bool:
     )
 
 
-
 def groups(batch: Sequence[Accepted], limit: int = BATCH_BYTES) -> Iterator[list[Accepted]]:
     """The batch in order, cut so no part references more than `limit` attachment bytes
     (an entry over it alone goes alone)."""

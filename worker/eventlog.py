@@ -3,12 +3,11 @@ schema, rows.py formats the rows, outbox.py sends what a batch asks for)."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import re
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final, NamedTuple, Protocol
@@ -28,6 +27,7 @@ from contextlog.worker.handlers import COMMANDS, handle
 from contextlog.worker.outbox import Outbox
 from contextlog.worker.relay import Relay
 from contextlog.worker.rows import CopyText, guard_key, insert_params, row_of, unique
+from contextlog.worker.sessions import COMPACT_AT
 
 # The event id guard: the partitioned table's constraint and its partitions' (a unique
 # violation names the partition's), as migration 007 names them.
@@ -40,11 +40,7 @@ FENCED: Final = "CL001"
 # Held exclusively by `contextlog rebuild`, shared by every ingest transaction.
 REBUILD_LOCK: Final = 0x72656275  # "rebu"
 
-IDLE, INTRANS, INERROR = (
-    TransactionStatus.IDLE,
-    TransactionStatus.INTRANS,
-    TransactionStatus.INERROR,
-)
+IDLE: Final = TransactionStatus.IDLE
 
 
 # A stalled writer (a frozen process, a paused VM) holds its batch's transaction, and so its
@@ -195,64 +191,46 @@ class PostgresEventLog:
     def _write_pipelined(
         self, checkpoint: dict[str, object], batch: list[Accepted]
     ) -> tuple[int, list[Effect], list[int]]:
-        """A bot's turn (a batch of a message or two) in one round trip, which is most of
-        the time from post to visible: BEGIN, the checkpoint, the projections, the rows and
-        COMMIT go out in one pipeline sync, and every answer is read after it. Nothing
-        sent waits for an answer: the rows are numbered in SQL (`insert_events`) and a
-        fenced writer's statement fails (`advance_checkpoint`), so Postgres skips the
-        rest of the pipeline, COMMIT included."""
+        """A bot's turn (a batch of a message or two) as one statement, `contextlog_append`
+        (012): the checkpoint, the projections and the rows, sent in autocommit mode, so
+        it is its own transaction and one round trip, which is most of the time from post
+        to visible. Any failure (the fence, a duplicate event id) rolls all of it back."""
         # Messages only, so one round (`projection.rounds`): the batch grouped by
         # conversation, the order COPY writes a round in (positions follow it).
         batch = next(projection.rounds(batch, _conversation, lambda a: False))
         rows = [row_of(a.event) for a in batch]
         convs, threads = projection.fold(rows)
-        with self._one_round_trip() as cur:
-            # The checkpoint row first: its lock serialises two writers of a shard.
-            cur.execute(query("advance_checkpoint"), checkpoint)
-            sent = projection.send_conversations(cur, convs)
-            # Between the two: the rows take their seqs from the conversations' new last
-            # seq and their running totals from the threads' before the batch.
-            cur.execute(query("insert_events"), insert_params(batch, rows))
-            sent = projection.send_threads(sent, threads, self.defaults.token_budget)
+        params = {
+            **checkpoint,
+            **insert_params(batch, rows),
+            "conversations": projection.conversation_rows(convs),
+            "thread_rows": projection.thread_rows(threads),
+            "default_budget": self.defaults.token_budget,
+            "compact_at": COMPACT_AT,
+        }
+        self.conn.autocommit = True
+        try:
+            # Prepared at the connection's first append (a round trip of its own, once),
+            # so each turn's Postgres binds it without parsing or planning its call.
+            q = query("append_messages")
+            answers = self.conn.execute(q, params, prepare=True).fetchall()
+        finally:
+            if self.conn.info.transaction_status == IDLE:
+                self.conn.autocommit = False
+        # A conversation's answer has no thread.
+        conversations = [
+            (a, c, seq, idle, at) for a, c, t, seq, idle, at, _, _ in answers if t is None
+        ]
+        thread_answers = [
+            (a, c, t, through, at, compact)
+            for a, c, t, _, _, at, through, compact in answers
+            if t is not None
+        ]
         # Messages only: what they ask for (compactions, timer arms) is asked for again by
         # a later batch, so nothing had to be kept in the transaction (`outbox.keep`).
         after = _After(self.defaults)
-        after.add(sent.read())
+        after.add(projection.answered(convs, conversations, thread_answers))
         return len(batch), after.effects(), []
-
-    @contextlib.contextmanager
-    def _one_round_trip(self) -> Iterator[psycopg.Cursor[TupleRow]]:
-        """A cursor whose statements, wrapped in BEGIN and COMMIT, go out together at the
-        end of the block (one pipeline sync), where their answers are read.
-
-        psycopg's own transactions sync a pipeline after BEGIN, at the end of the block
-        and after COMMIT, a round trip each, so that an error is raised where it happens
-        (with the answers the old code read in between, a one-event append took five).
-        In autocommit mode psycopg sends no BEGIN or COMMIT, and the block sends its own."""
-        self.conn.autocommit = True
-        failure: psycopg.Error | None = None
-        try:
-            with self.conn.pipeline(), self.conn.cursor() as cur:
-                try:
-                    cur.execute("BEGIN")
-                    yield cur
-                    cur.execute("COMMIT")
-                except psycopg.Error as e:
-                    # Postgres sends an error at once, so it may be read while the block is
-                    # still sending; held until the pipeline is synced and closed (psycopg
-                    # logs a warning for each pipeline an error leaves through).
-                    failure = e
-        except psycopg.Error as e:
-            failure = failure or _first_failure(e)
-        finally:
-            # After a failure Postgres has skipped the COMMIT and keeps the session in the
-            # (aborted) transaction until a ROLLBACK.
-            if self.conn.info.transaction_status in (INTRANS, INERROR):
-                self.conn.rollback()
-            if self.conn.info.transaction_status == IDLE:
-                self.conn.autocommit = False
-        if failure is not None:
-            raise failure
 
     def _write_copied(
         self, checkpoint: dict[str, object], distinct: list[Accepted], check_stored: bool
@@ -365,16 +343,6 @@ def _row_conversation(item: tuple[Accepted, projection.Row]) -> tuple[str, str]:
 
 def _row_is_command(item: tuple[Accepted, projection.Row]) -> bool:
     return item[1].kind in COMMANDS
-
-
-def _first_failure(e: psycopg.Error) -> psycopg.Error:
-    """The error of the statement that failed in a pipeline. psycopg raises it, unless
-    the answers came in two reads and the second held only the skipped statements:
-    then it raises their `PipelineAborted`, with the failure as its context."""
-    cause = e.__context__
-    if isinstance(e, psycopg.errors.PipelineAborted) and isinstance(cause, psycopg.Error):
-        return cause
-    return e
 
 
 class MemoryEventLog:

@@ -117,77 +117,55 @@ def apply(
     threads: dict[ThreadKey, ThreadChange],
     default_budget: int = 0,
 ) -> Applied:
-    """Write the changes (sequence numbers reserved) and find windows to compact."""
-    return send_threads(send_conversations(cur, convs), threads, default_budget).read()
+    """Write the changes (sequence numbers reserved) and find windows to compact.
+    Conversations, then threads, each in sorted order: a fixed lock order, so two
+    writers cannot deadlock."""
+    conversations = cur.execute(
+        query("advance_conversations"), {"rows": conversation_rows(convs)}
+    ).fetchall()
+    thread_answers: list[Any] = []
+    if threads:
+        params = {"default_budget": default_budget, "compact_at": COMPACT_AT}
+        cur.execute(query("advance_threads"), {**params, "rows": thread_rows(threads)})
+        thread_answers = cur.fetchall()
+    return answered(convs, conversations, thread_answers)
 
 
-class Sent(NamedTuple):
-    """A batch's changes, sent; their answers are read by `read`."""
-
-    convs: dict[Conv, ConversationChange]
-    conversations: psycopg.Cursor[TupleRow]
-    threads: psycopg.Cursor[TupleRow] | None = None
-
-    def read(self) -> Applied:
-        """What the two statements answered (on a connection in pipeline mode, reading
-        before the pipeline's sync costs a round trip of its own)."""
-        rows = self.conversations.fetchall()
-        to_compact: set[Conv] = set()
-        totals: dict[ThreadKey, tuple[int, dt.datetime | None]] = {}
-        if self.threads is not None:
-            for agent, channel, thread, through, latest, compact in self.threads.fetchall():
-                totals[(agent, channel, thread)] = (through or 0, latest)
-                if compact:
-                    to_compact.add((agent, channel))
-        bases: dict[Conv, int] = {}
-        active: list[tuple[Conv, int | None, dt.datetime]] = []
-        # Unpacked, not `class_row`: this runs for every ingest batch.
-        for agent, channel, last_seq, idle_timeout, last_activity_at in rows:
-            key = (agent, channel)
-            change = self.convs[key]
-            bases[key] = int(last_seq) - change.count
-            # A conversation with new messages, or whose idle timeout changed, (re)arms its
-            # timer: `/context settings idle=5s` takes effect now, not at the next message.
-            if last_activity_at is not None and _rearms(change):
-                active.append((key, idle_timeout, last_activity_at))
-        return Applied(bases, sorted(to_compact), active, totals)
+def answered(
+    convs: dict[Conv, ConversationChange],
+    conversation_answers: Iterable[Sequence[Any]],
+    thread_answers: Iterable[Sequence[Any]],
+) -> Applied:
+    """What writing the changes tells ingest, from the rows `advance_conversations`
+    (agent, channel, last_seq, idle_timeout, last_activity_at) and `advance_threads`
+    (agent, channel, thread, tokens_through, last_activity_at, compact) answered.
+    Unpacked, not `class_row`: this runs for every ingest batch."""
+    to_compact: set[Conv] = set()
+    totals: dict[ThreadKey, tuple[int, dt.datetime | None]] = {}
+    for agent, channel, thread, through, latest, compact in thread_answers:
+        totals[(agent, channel, thread)] = (through or 0, latest)
+        if compact:
+            to_compact.add((agent, channel))
+    bases: dict[Conv, int] = {}
+    active: list[tuple[Conv, int | None, dt.datetime]] = []
+    for agent, channel, last_seq, idle_timeout, last_activity_at in conversation_answers:
+        key = (agent, channel)
+        change = convs[key]
+        bases[key] = int(last_seq) - change.count
+        # A conversation with new messages, or whose idle timeout changed, (re)arms its
+        # timer: `/context settings idle=5s` takes effect now, not at the next message.
+        if last_activity_at is not None and _rearms(change):
+            active.append((key, idle_timeout, last_activity_at))
+    return Applied(bases, sorted(to_compact), active, totals)
 
 
 def _rearms(change: ConversationChange) -> bool:
     return bool(change.message_offset) or "idle_timeout" in change.settings
 
 
-def send_conversations(
-    cur: psycopg.Cursor[TupleRow], convs: dict[Conv, ConversationChange]
-) -> Sent:
-    """Send the conversations' changes without waiting for an answer; `send_threads`
-    sends the threads' (in between, the rows of a pipelined batch, which number
-    themselves from the first and go on from the threads' totals before the second).
-
-    Conversations are written in sorted order, a fixed lock order, so two writers
-    cannot deadlock. On a connection in pipeline mode each statement travels with
-    whatever was queued before and after it.
-    """
-    conversations = cur.connection.cursor()
-    conversations.execute(query("advance_conversations"), {"rows": _conversation_rows(convs)})
-    return Sent(convs, conversations)
-
-
-def send_threads(
-    sent: Sent, threads: dict[ThreadKey, ThreadChange], default_budget: int = 0
-) -> Sent:
-    """Send the threads' changes (see `send_conversations`)."""
-    if not threads:
-        return sent
-    cur = sent.conversations.connection.cursor()
-    cur.execute(
-        query("advance_threads"),
-        {"default_budget": default_budget, "compact_at": COMPACT_AT, "rows": _thread_rows(threads)},
-    )
-    return sent._replace(threads=cur)
-
-
-def _conversation_rows(convs: dict[Conv, ConversationChange]) -> str:
+def conversation_rows(convs: dict[Conv, ConversationChange]) -> str:
+    """The conversations' changes as `advance_conversations` takes them (sorted: the
+    lock order)."""
     return msgspec.json.encode(
         [
             {
@@ -207,7 +185,8 @@ def _conversation_rows(convs: dict[Conv, ConversationChange]) -> str:
     ).decode()
 
 
-def _thread_rows(threads: dict[ThreadKey, ThreadChange]) -> str:
+def thread_rows(threads: dict[ThreadKey, ThreadChange]) -> str:
+    """The threads' changes as `advance_threads` takes them (sorted: the lock order)."""
     return msgspec.json.encode(
         [
             {

@@ -113,8 +113,8 @@ def _names(row: projection.Row) -> str:
 def insert_params(
     batch: Sequence[Accepted], rows: Sequence[projection.Row]
 ) -> dict[str, list[Any]]:
-    """The `insert_events` parameters: the rows `CopyText` would write, as columns, in
-    the order given (the query numbers them in that order)."""
+    """The rows `CopyText` would write, as columns, in the order given (the rows'
+    statement, `contextlog_insert_events` of 012, numbers them in that order)."""
     return {
         "ids": [a.event.event_id for a in batch],
         "agents": [r.agent for r in rows],

@@ -8,31 +8,11 @@ FROM unnest(%(ids)s::uuid[], %(agents)s::text[], %(channels)s::text[]) AS x(even
 JOIN events e USING (event_id, agent, channel);
 
 -- name: advance_checkpoint
--- Fencing: a writer whose lease epoch is older than the last committed one is refused
--- (the upsert returns no row) and the statement fails with SQLSTATE CL001
--- (`contextlog_fence`, 008), which aborts the transaction: a stalled former owner can
--- never commit after its successor, even with its COMMIT already sent in the same
--- pipeline. The upsert still locks the row it refused, so the checkpoint stays the
--- first lock a batch takes.
--- It also takes the rebuild lock shared: `contextlog rebuild` holds it exclusively
--- while it replays the log, so no batch lands half-way through a rebuild.
--- And it queues a NOTIFY on `contextlog_commits`: Postgres delivers it only when the batch
--- commits (never on rollback), so a reader waiting for an event (`wait_for`) wakes at the
--- commit instead of polling. Same statement, so no extra round trip for ingest.
-WITH advanced AS (
-    INSERT INTO shard_checkpoints AS s (shard, epoch, last_entry_id, events, updated_at)
-    SELECT %(shard)s, %(epoch)s, %(last_entry_id)s, %(events)s, now()
-    FROM (SELECT pg_advisory_xact_lock_shared(%(rebuild_lock)s),
-                 pg_notify('contextlog_commits', '')) AS rebuild_lock
-    ON CONFLICT (shard) DO UPDATE
-        SET epoch = EXCLUDED.epoch,
-            last_entry_id = EXCLUDED.last_entry_id,
-            events = s.events + EXCLUDED.events,
-            updated_at = now()
-        WHERE s.epoch <= EXCLUDED.epoch
-    RETURNING shard
-)
-SELECT contextlog_fence(%(shard)s::integer, %(epoch)s::bigint, EXISTS (SELECT FROM advanced));
+-- Fencing, the rebuild lock and the commit signal: see `contextlog_advance_checkpoint` (012).
+-- First in every batch: its row lock serialises two writers of a shard.
+SELECT contextlog_advance_checkpoint(%(shard)s::integer, %(epoch)s::bigint,
+                                     %(last_entry_id)s, %(events)s::bigint,
+                                     %(rebuild_lock)s::bigint);
 
 -- name: count_checkpoint_events
 -- After a redelivery, the events of the batch that were new (the optimistic path counts
@@ -40,66 +20,16 @@ SELECT contextlog_fence(%(shard)s::integer, %(epoch)s::bigint, EXISTS (SELECT FR
 UPDATE shard_checkpoints SET events = events + %(events)s WHERE shard = %(shard)s;
 
 -- name: advance_conversations
--- Rows come as one JSON document (encoded by msgspec): far cheaper to send than nine
--- parameter arrays, which psycopg dumps element by element in Python.
--- Reserves `n` sequence numbers per conversation and folds in the batch's
--- projection changes; returns the new last seq, and the idle timer's inputs. `cleared`
--- and `message` are offsets within the batch (0: none), so the clear's seq is the old
--- last_seq plus its offset. The upsert's row lock is what serialises two writers of
--- one conversation.
-INSERT INTO conversations AS c (agent, channel, last_seq, cleared_seq, cleared_at,
-                                rolling_window, idle_timeout, token_budget, last_activity_at,
-                                last_message_seq, source)
-SELECT agent, channel, n, cleared, cleared_at, rolling_window, idle_timeout, token_budget,
-       activity, message, source
-FROM json_to_recordset(%(rows)s::json) AS x(
-    agent text, channel text, n bigint, cleared bigint, cleared_at timestamptz,
-    rolling_window integer, idle_timeout integer, token_budget integer, activity timestamptz,
-    message bigint, source text)
-ON CONFLICT (agent, channel) DO UPDATE SET
-    last_seq = c.last_seq + EXCLUDED.last_seq,
-    cleared_seq = CASE WHEN EXCLUDED.cleared_seq > 0 THEN c.last_seq + EXCLUDED.cleared_seq
-                       ELSE c.cleared_seq END,
-    cleared_at = CASE WHEN EXCLUDED.cleared_seq > 0 THEN EXCLUDED.cleared_at
-                      ELSE c.cleared_at END,
-    rolling_window = coalesce(EXCLUDED.rolling_window, c.rolling_window),
-    idle_timeout = coalesce(EXCLUDED.idle_timeout, c.idle_timeout),
-    token_budget = coalesce(EXCLUDED.token_budget, c.token_budget),
-    last_activity_at = greatest(c.last_activity_at, EXCLUDED.last_activity_at),
-    last_message_seq = CASE WHEN EXCLUDED.last_message_seq > 0
-                            THEN c.last_seq + EXCLUDED.last_message_seq
-                            ELSE c.last_message_seq END,
-    source = coalesce(EXCLUDED.source, c.source)
-RETURNING agent, channel, last_seq, idle_timeout, last_activity_at;
+-- Sequence numbers reserved and the batch's projection changes folded in: see
+-- `contextlog_advance_conversations` (012).
+SELECT agent, channel, last_seq, idle_timeout, last_activity_at
+FROM contextlog_advance_conversations(%(rows)s::json);
 
 -- name: advance_threads
--- One row per thread of the batch: its running token total and latest message time before
--- the batch (`events.through` and `late` of the batch's rows go on from them; NULL for a
--- new thread), and whether its window passed three quarters of the token budget (the
--- conversation is a compaction candidate; the conversations were updated by the statement
--- before, so the join sees this batch's settings). The outer query reads `threads` as
--- the statement found it, before `up`: every part of a statement sees the same snapshot.
--- That read is a join with the table (one index probe a thread), not with a CTE of it:
--- two CTEs have no index and the planner, which expects few rows from either, joined
--- them by a nested loop, quadratic in the batch's threads (~30 ms at 500 threads).
-WITH x AS MATERIALIZED (
-    SELECT * FROM json_to_recordset(%(rows)s::json) AS x(
-        agent text, channel text, thread text, n bigint, tokens bigint, activity timestamptz)
-), up AS (
-    INSERT INTO threads AS t (agent, channel, thread, message_count, last_activity_at,
-                              window_tokens, tokens_through)
-    SELECT agent, channel, thread, n, activity, tokens, tokens FROM x
-    ON CONFLICT (agent, channel, thread) DO UPDATE SET
-        message_count = t.message_count + EXCLUDED.message_count,
-        last_activity_at = greatest(t.last_activity_at, EXCLUDED.last_activity_at),
-        window_tokens = t.window_tokens + EXCLUDED.window_tokens,
-        tokens_through = t.tokens_through + EXCLUDED.tokens_through
-    RETURNING agent, channel, thread, window_tokens
-)
-SELECT up.agent, up.channel, up.thread, b.tokens_through, b.last_activity_at,
-       up.window_tokens > coalesce(c.token_budget, %(default_budget)s) * %(compact_at)s
-FROM up JOIN conversations c USING (agent, channel)
-LEFT JOIN threads b USING (agent, channel, thread);
+-- Running totals, and the compaction candidates: see `contextlog_advance_threads` (012).
+SELECT agent, channel, thread, tokens_through, last_activity_at, compact
+FROM contextlog_advance_threads(%(rows)s::json, %(default_budget)s::integer,
+                                %(compact_at)s::double precision);
 
 -- name: copy_events
 -- `through` and `late`: see migration 009 (commands: NULL and false).
@@ -107,44 +37,19 @@ COPY events (event_id, agent, channel, thread, seq, kind, occurred_at, tokens, t
              late, payload)
 FROM STDIN;
 
--- name: insert_events
--- The same rows as `copy_events`, for a batch small enough to ride a pipeline, numbered
--- here rather than by the caller: so the rows need not wait for `advance_conversations`'
--- answer, and the whole batch, COMMIT included, is sent at once. That statement ran
--- before this one in the same transaction, so `last_seq` is already the conversation's
--- new last seq: its k-th row of the batch (in order) gets last_seq - n + k, where
--- n is how many rows it has here, the count it was advanced by (a pipelined batch is one
--- round: every row of the batch is in this statement). A conversation row missing
--- would leave seq NULL, which the column refuses: a loud failure, not a dropped row.
--- `advance_threads` runs after this statement, so `threads` holds each thread's running
--- total and latest time before the batch, which `through` and `late` of its messages go
--- on from (its other rows: NULL and false, as `copy_events` writes them).
--- ORDER BY: positions (the identity) are taken in the order the rows are sent, as
--- COPY takes them.
-INSERT INTO events (event_id, agent, channel, thread, seq, kind, occurred_at, tokens,
-                    through, late, payload)
-SELECT x.event_id, x.agent, x.channel, x.thread,
-       c.last_seq - count(*) OVER conv + row_number() OVER (conv ORDER BY x.k),
-       x.kind, x.occurred_at, x.tokens,
-       CASE WHEN x.kind = 'message.v1' THEN coalesce(t.tokens_through, 0)
-                 + sum(x.tokens) FILTER (WHERE x.kind = 'message.v1') OVER (thread ORDER BY x.k)
-       END,
-       x.kind = 'message.v1' AND coalesce(x.occurred_at < greatest(
-           t.last_activity_at,
-           max(x.occurred_at) FILTER (WHERE x.kind = 'message.v1') OVER (
-               thread ORDER BY x.k ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)),
-           false),
-       x.payload
-FROM unnest(%(ids)s::uuid[], %(agents)s::text[], %(channels)s::text[],
-            %(threads)s::text[], %(kinds)s::text[], %(times)s::timestamptz[],
-            %(tokens)s::integer[], %(payloads)s::jsonb[])
-     WITH ORDINALITY AS x(event_id, agent, channel, thread, kind, occurred_at, tokens,
-                          payload, k)
-LEFT JOIN conversations c ON c.agent = x.agent AND c.channel = x.channel
-LEFT JOIN threads t ON t.agent = x.agent AND t.channel = x.channel AND t.thread = x.thread
-WINDOW conv AS (PARTITION BY x.agent, x.channel),
-       thread AS (PARTITION BY x.agent, x.channel, x.thread)
-ORDER BY x.k;
+-- name: append_messages
+-- A batch small enough to travel as parameters, whole, in one statement (run in autocommit
+-- mode, its own transaction): see `contextlog_append` (012). Conversations' answers have
+-- `thread` NULL; threads' have it set.
+SELECT agent, channel, thread, last_seq, idle_timeout, last_activity_at, tokens_through,
+       compact
+FROM contextlog_append(
+    %(shard)s::integer, %(epoch)s::bigint, %(last_entry_id)s, %(events)s::bigint,
+    %(rebuild_lock)s::bigint, %(conversations)s::json,
+    %(ids)s::uuid[], %(agents)s::text[], %(channels)s::text[], %(threads)s::text[],
+    %(kinds)s::text[], %(times)s::timestamptz[], %(tokens)s::integer[],
+    %(payloads)s::jsonb[], %(thread_rows)s::json, %(default_budget)s::integer,
+    %(compact_at)s::double precision);
 
 -- name: checkpoints
 SELECT shard, epoch, last_entry_id, events, updated_at FROM shard_checkpoints ORDER BY shard;

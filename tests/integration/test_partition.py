@@ -31,17 +31,18 @@ IMAGE = b"\x89PNG" + bytes(range(256)) * 40
 @pytest.fixture
 def at_006(database_url: str) -> Iterator[str]:
     """A database of its own, its tables migrated up to 006 only (as the last release
-    left them), with the fence function (008) the writer that fills it calls."""
+    left them), with the functions (008, 012) the writer that fills it calls."""
     name = f"contextlog_006_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(database_url, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     url = with_database(database_url, name)
     with psycopg.connect(url) as conn:
-        assert migrate_layout(conn, upto=6)[-4:] == [
+        assert migrate_layout(conn, upto=6)[-5:] == [
             "006_window_start",
             "008_fence",
             "010_await_event",
             "011_window_functions",
+            "012_append_functions",
         ]
     yield url
     drop_database(database_url, name)
