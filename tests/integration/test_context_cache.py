@@ -114,6 +114,25 @@ def test_the_window_start_has_one_rule_in_sql_and_python(db: str) -> None:
                 assert got == rolling_cutoff(now, window), (window, now)
 
 
+def test_the_reads_inline_the_window_rules(db: str, log: Log) -> None:
+    """The window's rules are SQL functions (006, 011) that the planner inlines into each
+    read: no read calls one at run time (a function call Postgres cannot inline runs the
+    SQL function executor, which sets its body up afresh for each call site on every
+    execution: 013)."""
+    log.say("user", "hello", NOW - HOUR)
+    r = ContextReader.from_url(db)
+    r.context("alpha", "general", now=NOW)  # learns a hint, so window_tail has one
+    hinted, _ = r.tails.hint(window_params("alpha", "general", None, NOW, r.defaults))
+    r.close()
+    plain = window_params("alpha", "general", None, NOW, r.defaults, bounded=True)
+    reads = [(name, plain) for name in ("conversation_state", "window_messages", "active_threads")]
+    with psycopg.connect(db) as conn:
+        for name, params in [*reads, ("window_tail", hinted)]:
+            plan = conn.execute("EXPLAIN VERBOSE " + query(name), params).fetchall()
+            called = [line for (line,) in plan if "contextlog_" in line]
+            assert not called, (name, called)
+
+
 def test_the_thread_list_follows_the_same_edge_as_the_messages(db: str, log: Log) -> None:
     """Between the floored edge and `now - window`, messages are still in the window, and a
     thread active there is listed in the preamble too (the thread list, like a restore's

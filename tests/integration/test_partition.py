@@ -37,12 +37,13 @@ def at_006(database_url: str) -> Iterator[str]:
         admin.execute(f'CREATE DATABASE "{name}"')
     url = with_database(database_url, name)
     with psycopg.connect(url) as conn:
-        assert migrate_layout(conn, upto=6)[-5:] == [
+        assert migrate_layout(conn, upto=6)[-6:] == [
             "006_window_start",
             "008_fence",
             "010_await_event",
             "011_window_functions",
             "012_append_functions",
+            "013_window_start_stable",
         ]
     yield url
     drop_database(database_url, name)
