@@ -181,14 +181,14 @@ class PostgresEventLog:
             "events": 0 if check_stored else len(distinct),
             "rebuild_lock": REBUILD_LOCK,
         }
-        if _pipelined(self.conn, distinct, check_stored):
-            stored, effects, ids = self._write_pipelined(checkpoint, distinct)
+        if _one_statement(self.conn, distinct, check_stored):
+            stored, effects, ids = self._write_one_statement(checkpoint, distinct)
         else:
             stored, effects, ids = self._write_copied(checkpoint, distinct, check_stored)
         self.outbox.send(effects, ids)
         return stored
 
-    def _write_pipelined(
+    def _write_one_statement(
         self, checkpoint: dict[str, object], batch: list[Accepted]
     ) -> tuple[int, list[Effect], list[int]]:
         """A bot's turn (a batch of a message or two) as one statement, `contextlog_append`
@@ -317,18 +317,18 @@ class _After:
 
 
 # A batch this small, of messages only (no commands, attachments or redelivery), is
-# written in pipeline mode; a larger one is COPYed (which pipeline mode cannot carry).
-PIPELINED_MAX: Final = 64
+# written by one statement, its rows as parameters; a larger one is COPYed.
+ONE_STATEMENT_MAX: Final = 64
 
 
-def _pipelined(
+def _one_statement(
     conn: psycopg.Connection[TupleRow], batch: Sequence[Accepted], check_stored: bool
 ) -> bool:
     return (
         not check_stored
         # A transaction left open on the connection (none is) would be nested: COPY then.
         and conn.info.transaction_status == IDLE
-        and len(batch) <= PIPELINED_MAX
+        and len(batch) <= ONE_STATEMENT_MAX
         and not any(a.blobs or ev.kind_of(a.event) in COMMANDS for a in batch)
     )
 

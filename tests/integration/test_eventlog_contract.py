@@ -24,7 +24,7 @@ from contextlog.schema.errors import Fenced, ShardBusy, StorageRefused
 from contextlog.schema.queries import migrations
 from contextlog.worker.eventlog import (
     FENCED,
-    PIPELINED_MAX,
+    ONE_STATEMENT_MAX,
     Accepted,
     EventLog,
     MemoryEventLog,
@@ -113,14 +113,16 @@ def everything(db: str) -> dict[str, list[tuple[object, ...]]]:
         }
 
 
-@pytest.mark.parametrize("size", [1, 3, PIPELINED_MAX + 1], ids=["one", "pipelined", "copied"])
+@pytest.mark.parametrize(
+    "size", [1, 3, ONE_STATEMENT_MAX + 1], ids=["one", "one-statement", "copied"]
+)
 def test_a_fenced_batch_writes_nothing(
     db: str, size: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The fence fails the stale writer's transaction in SQL (SQLSTATE CL001, before
-    anything else is written; a pipelined batch has sent its COMMIT already): no row,
-    no projection or checkpoint change, no commit notification, no warning from psycopg
-    (the error may arrive while the pipeline is still sending); the connection goes on."""
+    anything else is written; a small batch's statement is its own transaction): no row,
+    no projection or checkpoint change, no commit notification, no warning from psycopg;
+    the connection goes on."""
     log = PostgresEventLog(psycopg.connect(db))
     listener = psycopg.connect(db, autocommit=True)
     log.append(2, 5, [accepted("general", "new owner", "5-0")])
@@ -339,8 +341,8 @@ def stored(db: str, prefix: str) -> dict[str, list[tuple[object, ...]]]:
     return out
 
 
-def test_a_pipelined_small_batch_stores_what_a_copied_large_one_does(db: str) -> None:
-    """A batch of a few messages is INSERTed in pipeline mode, numbered in SQL, a large
+def test_a_small_batch_in_one_statement_stores_what_a_copied_large_one_does(db: str) -> None:
+    """A batch of a few messages is INSERTed by one statement, numbered in SQL, a large
     one COPYed, numbered in Python: same rows, sequence numbers (after a history, across
     conversations and threads mixed in one batch), log order, token counts and
     projections; and the same numbers as the in-memory contract's."""
@@ -353,9 +355,9 @@ def test_a_pipelined_small_batch_stores_what_a_copied_large_one_does(db: str) ->
             assert log.append(0, 1, first) == 3
         memory.append(0, 1, [accepted(f"small-{c}", "old", "1-0", thread=t) for c, t in history])
         small = mixed("small-", 2)
-        filler = [accepted("filler", "x", f"9-{i}") for i in range(PIPELINED_MAX)]
+        filler = [accepted("filler", "x", f"9-{i}") for i in range(ONE_STATEMENT_MAX)]
         assert log.append(0, 1, small) == 6
-        assert log.append(1, 1, mixed("large-", 2) + filler) == 6 + PIPELINED_MAX
+        assert log.append(1, 1, mixed("large-", 2) + filler) == 6 + ONE_STATEMENT_MAX
         assert memory.append(0, 1, small) == 6
         assert log.append(0, 1, small[:1]) == 0  # a redelivery: absorbed, not doubled
     finally:
@@ -419,7 +421,7 @@ def test_the_compaction_threshold_in_sql_is_the_one_in_python(db: str) -> None:
 
 def test_both_write_paths_store_the_instant_an_event_names_in_any_offset(db: str) -> None:
     """COPY writes times as msgspec encodes them ("Z", or the event's own offset), the
-    pipelined path as psycopg adapts them: either way the stored time is the instant."""
+    one-statement path as psycopg adapts them: either way the stored time is the instant."""
     log = PostgresEventLog(psycopg.connect(db))
     kolkata = dt.timezone(dt.timedelta(hours=5, minutes=30))
     times = [
@@ -436,9 +438,9 @@ def test_both_write_paths_store_the_instant_an_event_names_in_any_offset(db: str
         return Accepted(entry, event, codec.encode(event))
 
     copied = [posted(at, f"1-{i}") for i, at in enumerate(times)]
-    filler = [posted(times[1], f"2-{i}") for i in range(PIPELINED_MAX)]  # COPY: too many
-    assert log.append(0, 1, copied + filler) == len(times) + PIPELINED_MAX
-    one = [posted(at, f"3-{i}") for i, at in enumerate(times[:1])]  # pipelined: one message
+    filler = [posted(times[1], f"2-{i}") for i in range(ONE_STATEMENT_MAX)]  # COPY: too many
+    assert log.append(0, 1, copied + filler) == len(times) + ONE_STATEMENT_MAX
+    one = [posted(at, f"3-{i}") for i, at in enumerate(times[:1])]  # one statement: one message
     assert log.append(0, 1, one) == 1
     log.close()
     with psycopg.connect(db) as conn:

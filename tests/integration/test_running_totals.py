@@ -56,14 +56,15 @@ def stored_rows(conn: psycopg.Connection[Any], channel: str = "general") -> list
 
 
 def test_each_message_carries_its_threads_running_total(db: str) -> None:
-    """Batches of one (pipelined), of many (COPY), with a command (rounds) and with a
-    setting (pipelined, not a message): each message's `through` is its thread's tokens up
-    to it, `late` says whether a message before it in the thread is later in time."""
+    """Batches of one (one statement), of many (COPY), with a command (rounds) and with a
+    setting (one statement: a setting is not a command): each message's `through` is its
+    thread's tokens up to it, `late` says whether a message before it in the thread is
+    later in time."""
     log = PostgresEventLog(psycopg.connect(db))
     at = [T0 + dt.timedelta(seconds=s) for s in range(1_000)]
     batches: list[list[ev.AnyEvent]] = [
         [message(at[10], "one")],
-        [message(at[5], "late by five seconds")],  # late: pipelined
+        [message(at[5], "late by five seconds")],  # late: one statement
         [
             message(at[20 + i], f"copy {i} " + "w " * i, thread="x" if i % 3 else None)
             for i in range(100)
