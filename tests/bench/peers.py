@@ -67,27 +67,34 @@ PUSH_BATCH = 1000
 TABLE = "lc_chat_history"
 
 
-# What limits the bot turn (ingest's phases traced in its own process beside an ad-hoc
-# turn loop's marks, same wall clock, 200 turns with the bench's 20 ms pause; Postgres's
-# statement durations from its log; 2026-11-23, this box, quiet); refreshed by hand.
+# What limits the bot turn (an ad-hoc turn loop, 250 turns with the bench's 20 ms pause,
+# ingest's phases marked in its own process on the same monotonic clock; Postgres's
+# statement durations from its log; 2026-11-23, AMD EPYC host, quiet); refreshed by hand.
 LIMITS = (
-    "Where a 100-message bot turn goes (p50, traced, quiet box, ~3.1 ms): XADD 0.36 ms; "
-    "ingest has read and decoded the entry at 0.55 ms; its append (one pipelined round "
-    "trip) has COMMIT's answer at 2.35 ms (0.4 ms of it psycopg queueing six statements, "
-    "Postgres's own statement durations ~0.4 ms and COMMIT ~0.5 ms with its WAL flush); "
-    "the reader's rows arrive 0.2-0.3 ms later, since its wait and reads sat in Postgres "
-    "before the commit (`contextlog_await_event`, 010; `window_tail`, 011); "
-    "`build_context` and attachments take the last ~0.4 ms.",
-    "What limits it is hops and waking up: langchain's turn is INSERT + COMMIT, then a "
-    "SELECT, in one process; ours crosses producer, Redis, ingest, Postgres and reader, "
-    "every one cold after the think-time pause (the same one-event append is 0.64 ms back "
-    "to back but 1.76 ms after a 20 ms pause: `python -m tests.bench.append_latency`).",
-    "What would move it: a one-event append as one statement (a function doing checkpoint, "
-    "conversations, rows and threads, sent in autocommit: one execute instead of six, "
-    "~0.3 ms of ingest's CPU on the path), a context built from the last read's instead of "
-    "afresh (~0.2 ms for 100 messages), or a reader that serves the posted message from "
-    "the stream's pending entries while ingest stores it (a different read-your-writes "
-    "contract, not started).",
+    "Where a 100-message bot turn goes (p50, traced, quiet box, ~4.9 ms; langchain's "
+    "~5.2 ms is add 1.7 + get 3.5 + trim 0.4 ms alone): the producer has XADD's answer "
+    "at 0.9 ms and ingest has read the entry at 1.2 ms; its append starts at 1.5 ms "
+    "(decode, fold, parameters) and has its answer at 3.6 ms: one statement, "
+    "`contextlog_append` (012), its own transaction, of which Postgres logs bind 0.11 ms "
+    "and execute 0.64 ms; the rest is the round trip from cold (a `SELECT 1` after a "
+    "20 ms pause takes 0.52 ms here, 0.12 ms back to back) and the commit's WAL flush; "
+    "the reader's rows arrive 0.65 ms after the commit (its wait and reads sat in "
+    "Postgres: `contextlog_await_event`, 010; `window_tail`, 011; 1.0 ms before 013 "
+    "let the planner inline the window's edge); decoding and `build_context` of the "
+    "100 messages and attachments take the last 0.75 ms.",
+    "What limits it is hops and waking up: each process on the path starts the turn cold "
+    "after the think-time pause (the one-event append is 0.83 ms back to back but 2.5-2.7 "
+    "ms after a 20 ms pause: `python -m tests.bench.append_latency --pause-ms 20`), and "
+    "ours crosses producer, Redis, ingest, Postgres and reader where langchain's stays in "
+    "one process. Round 0 is the slow one on our side: 40 of its 60 turns are the "
+    "reader's first read of their conversation, with no tail hint (the whole window's "
+    "payloads); later rounds read only what changed.",
+    "What would move it: a reader that serves the posted message from the stream's "
+    "pending entries while ingest stores it (a different read-your-writes contract, not "
+    "started); a context built from the last read's instead of decoded and built afresh "
+    "(~0.2 ms of CPU for 100 messages, ~0.6 ms cold; blocks handed to a caller must not "
+    "be shared between reads, so it needs copy-on-write); fewer statements for the "
+    "reader after the commit (three reads, one bind each).",
 )
 
 
