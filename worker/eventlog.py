@@ -27,7 +27,6 @@ from contextlog.worker.handlers import COMMANDS, handle
 from contextlog.worker.outbox import Outbox
 from contextlog.worker.relay import Relay
 from contextlog.worker.rows import CopyText, guard_key, insert_params, row_of, unique
-from contextlog.worker.sessions import COMPACT_AT
 
 # The event id guard: the partitioned table's constraint and its partitions' (a unique
 # violation names the partition's), as migration 007 names them.
@@ -203,10 +202,7 @@ class PostgresEventLog:
         params = {
             **checkpoint,
             **insert_params(batch, rows),
-            "conversations": projection.conversation_rows(convs),
-            "thread_rows": projection.thread_rows(threads),
-            "default_budget": self.defaults.token_budget,
-            "compact_at": COMPACT_AT,
+            **projection.change_params(convs, threads, self.defaults.token_budget),
         }
         self.conn.autocommit = True
         try:

@@ -120,15 +120,27 @@ def apply(
     """Write the changes (sequence numbers reserved) and find windows to compact.
     Conversations, then threads, each in sorted order: a fixed lock order, so two
     writers cannot deadlock."""
-    conversations = cur.execute(
-        query("advance_conversations"), {"rows": conversation_rows(convs)}
-    ).fetchall()
+    params = change_params(convs, threads, default_budget)
+    conversations = cur.execute(query("advance_conversations"), params).fetchall()
     thread_answers: list[Any] = []
     if threads:
-        params = {"default_budget": default_budget, "compact_at": COMPACT_AT}
-        cur.execute(query("advance_threads"), {**params, "rows": thread_rows(threads)})
-        thread_answers = cur.fetchall()
+        thread_answers = cur.execute(query("advance_threads"), params).fetchall()
     return answered(convs, conversations, thread_answers)
+
+
+def change_params(
+    convs: dict[Conv, ConversationChange],
+    threads: dict[ThreadKey, ThreadChange],
+    default_budget: int = 0,
+) -> dict[str, Any]:
+    """The parameters of the statements that write the changes: `advance_conversations`
+    and `advance_threads` here, `append_messages` with the rows too."""
+    return {
+        "conversations": _conversation_rows(convs),
+        "thread_rows": _thread_rows(threads),
+        "default_budget": default_budget,
+        "compact_at": COMPACT_AT,
+    }
 
 
 def answered(
@@ -163,7 +175,7 @@ def _rearms(change: ConversationChange) -> bool:
     return bool(change.message_offset) or "idle_timeout" in change.settings
 
 
-def conversation_rows(convs: dict[Conv, ConversationChange]) -> str:
+def _conversation_rows(convs: dict[Conv, ConversationChange]) -> str:
     """The conversations' changes as `advance_conversations` takes them (sorted: the
     lock order)."""
     return msgspec.json.encode(
@@ -185,7 +197,7 @@ def conversation_rows(convs: dict[Conv, ConversationChange]) -> str:
     ).decode()
 
 
-def thread_rows(threads: dict[ThreadKey, ThreadChange]) -> str:
+def _thread_rows(threads: dict[ThreadKey, ThreadChange]) -> str:
     """The threads' changes as `advance_threads` takes them (sorted: the lock order)."""
     return msgspec.json.encode(
         [

@@ -23,12 +23,12 @@ UPDATE shard_checkpoints SET events = events + %(events)s WHERE shard = %(shard)
 -- Sequence numbers reserved and the batch's projection changes folded in: see
 -- `contextlog_advance_conversations` (012).
 SELECT agent, channel, last_seq, idle_timeout, last_activity_at
-FROM contextlog_advance_conversations(%(rows)s::json);
+FROM contextlog_advance_conversations(%(conversations)s::json);
 
 -- name: advance_threads
 -- Running totals, and the compaction candidates: see `contextlog_advance_threads` (012).
 SELECT agent, channel, thread, tokens_through, last_activity_at, compact
-FROM contextlog_advance_threads(%(rows)s::json, %(default_budget)s::integer,
+FROM contextlog_advance_threads(%(thread_rows)s::json, %(default_budget)s::integer,
                                 %(compact_at)s::double precision);
 
 -- name: copy_events
