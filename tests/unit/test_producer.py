@@ -11,6 +11,7 @@ import fakeredis
 import pytest
 
 from contextlog.producers import AsyncProducer, EventRejected, EventTooLarge, Producer
+from contextlog.producers import producer as producer_module
 from contextlog.producers.commands import parse_duration
 from contextlog.producers.ids import derived_id, uuid7
 from contextlog.schema import blocks, codec, keys
@@ -145,6 +146,28 @@ def test_batch_sends_everything_in_one_pipeline(producer: Producer) -> None:
     events = stored(producer, "alpha", "general")
     assert [str(e.event_id) for e in events] == b.ids
     assert b.ids[0] == first
+
+
+@pytest.mark.parametrize("per_channel", [1, 3, 4, 9])
+def test_a_batch_lands_every_event_once_in_order_on_each_stream(
+    producer: Producer, monkeypatch: pytest.MonkeyPatch, per_channel: int
+) -> None:
+    """A stream's entries of a send go by one script call each `SCRIPT_CHUNK` (here 4),
+    or as plain XADDs below `SCRIPT_MIN`: either way each conversation's events land once,
+    in the order posted, interleaved as posted across conversations and shards."""
+    monkeypatch.setattr(producer_module, "SCRIPT_CHUNK", 4)
+    channels = [f"c{i}" for i in range(6)]  # over several of the 4 shards
+    with producer.batch() as b:
+        for k in range(per_channel):
+            for c in channels:
+                b.post_message("alpha", c, "user", f"{c} #{k}")
+    for c in channels:
+        assert [e.content for e in stored(producer, "alpha", c) if e.channel == c] == [
+            f"{c} #{k}" for k in range(per_channel)
+        ]
+    client: Any = producer.redis
+    entries = [f for s in range(4) for _, f in client.xrange(keys.stream(s))]
+    assert sorted(str(codec.decode_fields(f).event_id) for f in entries) == sorted(b.ids)
 
 
 def test_a_bad_event_in_a_batch_sends_none_of_it(producer: Producer) -> None:
