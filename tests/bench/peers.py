@@ -62,7 +62,7 @@ THINK_SECONDS = 0.02
 READS = 100  # timed reads per round
 STREAM_MESSAGES = 100_000
 STREAM_CONVERSATIONS = 1_000
-STREAM_ROUNDS = 2
+STREAM_ROUNDS = 4  # ~4 s a side each: cheap, and two rounds' median swung 0.8-1.2 here
 PUSH_BATCH = 1000
 TABLE = "lc_chat_history"
 
@@ -402,9 +402,10 @@ def _stream_cpu_line(ws: dict[str, Any]) -> str:
         )
     return (
         f"What limits the write stream: machine CPU a message, ours {per['ours']:.0f} us "
-        f"(the message is validated by the producer and by ingest, written to Redis and "
-        f"then to Postgres), langchain {per['langchain']:.0f} us (one multi-row INSERT a "
-        f"conversation); at that cost {cores:.0f} cores allow ours at most "
+        f"(the message is validated by the producer and by ingest, written to Redis, a "
+        f"stream's batch by one script call, and then to Postgres), langchain "
+        f"{per['langchain']:.0f} us (one multi-row INSERT a conversation); at that cost "
+        f"{cores:.0f} cores allow ours at most "
         f"~{cores / per['ours'] * 1e6:,.0f} msg/s even fully busy, where 1.5x langchain is "
         f"{1.5 * ws['langchain_median_msg_per_s']:,.0f}. What would move it: less CPU a "
         "message in the producer and ingest (the ingest row's profile), and cores: on a "
