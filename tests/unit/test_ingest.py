@@ -488,6 +488,45 @@ def test_a_pass_reads_each_shards_next_batch_as_soon_as_its_last_one_is_stored(
     assert h.pending() == 0
 
 
+def test_an_outage_in_one_shards_task_stops_the_others_after_their_batch_in_hand(
+    h: Harness,
+) -> None:
+    """Postgres goes away under one shard's batch: the pass ends with nothing of that
+    batch acknowledged, the other shard stops after the batch it holds instead of
+    draining on, and the next passes store everything once, in order."""
+    other = _channel_on_another_shard("alpha", "general")
+    ids = {
+        ch: [h.producer.post_message("alpha", ch, "user", f"m{i}") for i in range(12)]
+        for ch in ("general", other)
+    }
+    failing = keys.shard_of("alpha", "general", SHARDS)
+    real_append = h.log.append
+    calls: list[int] = []
+    ing = h.ingest(batch_size=3, ingest_threads=2)
+
+    def append(shard: int, epoch: int, batch: Sequence[Accepted]) -> int:
+        calls.append(shard)
+        if shard == failing and calls.count(failing) == 1:
+            raise Unavailable("Postgres: connection lost")
+        if shard != failing and calls.count(shard) == 1:
+            # The other shard's first batch is in hand when the failure is seen.
+            assert ing.halted.wait(2)
+        return real_append(shard, epoch, batch)
+
+    h.log.append = append  # type: ignore[method-assign]
+    ing.rebalance()
+    for shard, taken in sorted(ing.recovering.items()):
+        ing.recover(shard, taken)
+    ing.step()  # the outage: one retry, not a crash
+    assert ing.retries == 1 and ing.crashes == 0
+    assert h.stored("alpha", "general") == []
+    assert len([s for s in calls if s != failing]) == 1  # not the four batches it holds
+    h.drain(ing, steps=6)
+    for ch, posted in ids.items():
+        assert h.stored("alpha", ch) == [(i + 1, eid) for i, eid in enumerate(posted)]
+    assert h.pending() == 0
+
+
 def test_a_refill_leaves_a_shard_a_stalled_owner_was_handed_entries_of_to_recovery(
     h: Harness,
 ) -> None:
