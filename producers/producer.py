@@ -38,11 +38,16 @@ def _one_shard(prepared: list[Prepared]) -> None:
         )
 
 
+def _has_blobs(prepared: list[Prepared]) -> bool:
+    """Whether any entry brings attachment bytes to store beside it."""
+    return any(p.blobs for p in prepared)
+
+
 def _with_blobs(prepared: list[Prepared]) -> bool:
     """Whether to send in one MULTI: entries with attachments on one shard (the usual
     message) get their bytes and the entry atomically. Keys of several shards cannot share
     a MULTI under Redis Cluster; there the order (bytes first) still holds per entry."""
-    return any(p.blobs for p in prepared) and len({p.stream for p in prepared}) == 1
+    return _has_blobs(prepared) and len({p.stream for p in prepared}) == 1
 
 
 # One stream's entries of a send, XADDed by one script call: redis-py builds, sends and
@@ -65,7 +70,7 @@ def _queue(pipe: Any, prepared: list[Prepared], ttl_s: int) -> None:
     older entry's key might expire before ingest reaches this one). Without attachments,
     a stream's entries in call order, `SCRIPT_MIN` or more of them by `XADD_MANY`: only
     each stream's order matters (ingest reads each on its own)."""
-    if any(p.blobs for p in prepared):
+    if _has_blobs(prepared):
         for p in prepared:
             for key, data in p.blobs:
                 pipe.set(key, data, ex=ttl_s)
