@@ -214,25 +214,30 @@ def _round_details(x: Round, count: int) -> dict[str, object]:
 
 
 # What limits one ingest process: a profiled drain (`--only ingest --no-save` with
-# `py-spy record -r 250 --nonblocking -p <ingest pid>`, 2026-11-23, after the refill and
-# CopyText) and the statements' durations (`log_min_duration_statement = 0` for one run);
-# kept beside the figures, refreshed by hand when the profile changes.
+# `py-spy record -r 200 --idle --threads -p <ingest pid>`, 2026-11-23, after the
+# per-shard tasks) and the statements' durations (`log_min_duration_statement = 0` for
+# one run); kept beside the figures, refreshed by hand when the profile changes.
 LIMIT_NOTE = (
-    "What limits one process: CPU in both halves, which now overlap (one thread a shard, "
-    "each shard's next batch read as soon as its last one is stored; before, every read "
-    "waited for the slowest shard's commit and the machine was ~61% busy). Ingest's "
-    "Python and its Postgres backend use about the same CPU (CPU line above); the backend "
-    "~1.3x the raw COPY's: besides the COPY (~81% of the statements' time) it runs a "
-    "commit a 2,000-row batch (~10%, WAL flush), `advance_threads` (~6%) and the "
-    "conversations upsert (~3%). Python's samples are flat: decode + validation ~12%, "
-    "formatting COPY rows ~10% (1.75 us a row, was 3.6: names escaped once a thread, times "
-    "written by msgspec), the projection fold and upserts ~10%, psycopg's statement "
-    "plumbing ~10%, Redis reads and acks ~8%; bucket jobs for idle timers, a round trip "
-    "each (~5%), now go in one pipeline. Start-up (imports, migration check, leases; "
-    "~0.5 s before the first commit) is ~12% of this 200k-event run. What would move it: "
-    "less CPU a row on both sides (COPY rows built by compiled code, e.g. binary COPY from "
-    "the decoded structs; fewer per-row objects in the fold), fewer indexes to maintain "
-    "a row, a shorter start-up, and cores: the 2-core box is ~75% busy after start-up."
+    "What limits one process: CPU in both halves, which overlap (a task a shard on the "
+    "thread pool, each reading and storing its shard's next batch as soon as its last one "
+    "is stored; when the loop's thread read every refill, those reads were ~17% of its "
+    "time while the shard's thread idled). Ingest's Python and its Postgres backends use "
+    "about the same CPU (CPU line above); the backends ~1.2x the raw COPY's: besides the "
+    "COPY (~81% of the statements' time) they run a commit a 2,000-row batch (~10%, WAL "
+    "flush), `advance_threads` (~6%) and the conversations upsert (~3%). Python's samples "
+    "are flat: decode + validation ~12%, formatting COPY rows ~10% (1.75 us a row), the "
+    "projection fold and upserts ~10%, psycopg's statement plumbing ~10%, Redis reads and "
+    "acks ~8%, idle timers in one pipeline a batch ~5%. With four threads under one GIL "
+    "the process's Python runs ~70% of the wall time and the machine is ~70-75% busy: "
+    "the threads take turns at the GIL while the backends compete with them for the same "
+    "2 cores. Batches of 5,000 (`CONTEXTLOG_BATCH_SIZE`) stored ~7% more here (3 "
+    "interleaved rounds, medians 26,925 vs 25,153 events/s), the backends ~10% less CPU "
+    "an event; the default stays 2,000, which bounds a batch's memory (entries of up to "
+    "`CONTEXTLOG_MAX_ENTRY_BYTES`, per thread). Start-up (imports, migration check, "
+    "leases; ~0.5 s before the first commit) is ~10% of this 200k-event run. What would "
+    "move it: less CPU a row on both sides (COPY rows built by compiled code, e.g. binary "
+    "COPY from the decoded structs; fewer per-row objects in the fold), fewer indexes to "
+    "maintain a row, a shorter start-up, and cores."
 )
 
 
