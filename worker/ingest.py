@@ -13,7 +13,7 @@ import math
 import threading
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import redis
@@ -89,7 +89,6 @@ class Ingest:
         self._logs: list[EventLog] = []
         self._lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
-        self.halted = threading.Event()  # a shard's task failed: the others stop refilling
         self._next_lease_check = 0.0
         self._next_renew = 0.0
         self._next_sweep = 0.0
@@ -220,48 +219,44 @@ class Ingest:
             self._next_effects = now + EFFECTS_SWEEP_S
 
     def _drain_parallel(self, work: list[tuple[int, list[Entry]]]) -> None:
-        """Store the shards' batches on the pool, a task a shard (`_drain_shard`), each
-        reading and storing its shard's next entries until the shard is empty or the pass
-        ends. Shards are independent: while one thread waits on Postgres or Redis (both
-        release the GIL), another decodes and formats. When one task fails (an outage),
-        the others stop after their batch in hand, and the error is raised here, in the
-        loop's thread, once all are done (they use the connections it closes)."""
-        self.halted.clear()
-        tasks = [self._pool().submit(self._drain_shard, s, e) for s, e in work]
-        wait(tasks)
-        for t in tasks:
-            t.result()  # re-raises a task's error
-
-    def _drain_shard(self, shard: int, entries: list[Entry]) -> None:
-        """Store a shard's batch, then read its next entries (without blocking) and store
-        them, and so on. The read is the shard's own, in its thread: read by the loop's
-        thread for every shard, the refills took ~17% of that thread's time while the
-        shard's thread waited (py-spy). It stops when the lease check is due (the pass's
-        upkeep runs between passes, with nothing in flight), when another shard's task
-        failed, when the shard is no longer ours or waits for recovery, and where another
-        consumer holds entries of the shard (they are older than what we read: recovery
-        stores them first, `_older_first`)."""
+        """Store the shards' batches on the pool, refilling as they finish: a task stores
+        a shard's batch and reads its next entries (`_drain_next`), which go to the back
+        of the pool's queue at once, so with more shards than threads every shard takes
+        its turn. Shards are independent: while one thread waits on Postgres or Redis
+        (both release the GIL), another decodes and formats."""
+        running = {self._pool().submit(self._drain_next, s, e): s for s, e in work}
         try:
-            while True:
-                self._drain(shard, entries)
-                if (
-                    self.halted.is_set()
-                    or self.stop.is_set()
-                    or self.clock.monotonic() >= self._next_lease_check
-                    or shard not in self.owned
-                    or shard in self.recovering
-                ):
-                    return
-                read, held = self._read([shard], None)
-                if shard in held:
-                    self.recovering.setdefault(shard, False)  # ours are re-read with theirs
-                    return
-                entries = read.get(shard) or []
-                if not entries or shard not in self.owned:
-                    return
-        except BaseException:
-            self.halted.set()
-            raise
+            while running:
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for f in done:
+                    shard = running.pop(f)
+                    if entries := f.result():  # re-raises an outage here, in the loop's thread
+                        running[self._pool().submit(self._drain_next, shard, entries)] = shard
+        finally:
+            wait(running)  # all done before an error closes the connections they use
+
+    def _drain_next(self, shard: int, entries: Sequence[Entry]) -> list[Entry]:
+        """`_drain` a shard's batch, then read its next entries (without blocking), in the
+        task's thread: read by the loop's thread, the refills took ~17% of its time while
+        the shards' threads waited (py-spy). None when the lease check is due (the pass's
+        upkeep runs between passes, with nothing in flight), when the shard is no longer
+        ours or waits for recovery, and where another consumer holds entries of the shard
+        (they are older than what we read: recovery stores them first, `_older_first`).
+        Entries read and then not stored (the pass failed) stay pending with us, and are
+        re-read first by the recovery that follows an outage or a crash."""
+        self._drain(shard, entries)
+        if (
+            self.stop.is_set()
+            or self.clock.monotonic() >= self._next_lease_check
+            or shard not in self.owned
+            or shard in self.recovering
+        ):
+            return []
+        read, held = self._read([shard], None)
+        if shard in held:
+            self.recovering.setdefault(shard, False)  # ours are re-read with theirs
+            return []
+        return read.get(shard, []) if shard in self.owned else []
 
     def _older_first(
         self, work: list[tuple[int, list[Entry]]], held: Sequence[int]

@@ -218,10 +218,10 @@ def _round_details(x: Round, count: int) -> dict[str, object]:
 # per-shard tasks) and the statements' durations (`log_min_duration_statement = 0` for
 # one run); kept beside the figures, refreshed by hand when the profile changes.
 LIMIT_NOTE = (
-    "What limits one process: CPU in both halves, which overlap (a task a shard on the "
-    "thread pool, each reading and storing its shard's next batch as soon as its last one "
-    "is stored; when the loop's thread read every refill, those reads were ~17% of its "
-    "time while the shard's thread idled). Ingest's Python and its Postgres backends use "
+    "What limits one process: CPU in both halves, which overlap (a shard's batch is a "
+    "task on the thread pool that, once the batch is stored, reads the shard's next one, "
+    "queued at once; when the loop's thread read every refill, those reads were ~17% of "
+    "its time while the shards' threads idled). Ingest's Python and its Postgres backends use "
     "about the same CPU (CPU line above); the backends ~1.2x the raw COPY's: besides the "
     "COPY (~81% of the statements' time) they run a commit a 2,000-row batch (~10%, WAL "
     "flush), `advance_threads` (~6%) and the conversations upsert (~3%). Python's samples "
