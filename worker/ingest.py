@@ -238,7 +238,7 @@ class Ingest:
     def _drain_next(self, shard: int, entries: Sequence[Entry]) -> list[Entry]:
         """`_drain` a shard's batch, then read its next entries (without blocking), in the
         task's thread: read by the loop's thread, the refills took ~17% of its time while
-        the shards' threads waited (py-spy). None when the lease check is due (the pass's
+        the shards' threads waited (py-spy). Nothing when the lease check is due (the pass's
         upkeep runs between passes, with nothing in flight), when the shard is no longer
         ours or waits for recovery, and where another consumer holds entries of the shard
         (they are older than what we read: recovery stores them first, `_older_first`).

@@ -66,6 +66,14 @@ class Harness:
         for _ in range(steps):
             ingest.step()
 
+    def one_pass(self, ingest: Ingest) -> None:
+        """Take the leases and recover the shards first, so the pass only reads new
+        entries: one `step` of the drain proper."""
+        ingest.rebalance()
+        for shard, taken in sorted(ingest.recovering.items()):
+            ingest.recover(shard, taken)
+        ingest.step()
+
     def stored(self, agent: str = "alpha", channel: str = "general") -> list[tuple[int, str]]:
         return [
             (seq, str(a.event.event_id))
@@ -479,10 +487,7 @@ def test_a_pass_reads_each_shards_next_batch_as_soon_as_its_last_one_is_stored(
         for ch in ("general", other)
     }
     ing = h.ingest(batch_size=3, ingest_threads=2)
-    ing.rebalance()
-    for shard, taken in sorted(ing.recovering.items()):
-        ing.recover(shard, taken)
-    ing.step()  # one pass: four batches of each shard
+    h.one_pass(ing)  # one pass: four batches of each shard
     for ch, posted in ids.items():
         assert h.stored("alpha", ch) == [(i + 1, eid) for i, eid in enumerate(posted)]
     assert h.pending() == 0
@@ -507,10 +512,7 @@ def test_with_more_shards_than_threads_every_shard_takes_its_turn(h: Harness) ->
 
     h.log.append = append  # type: ignore[method-assign]
     ing = h.ingest(batch_size=2, ingest_threads=2)
-    ing.rebalance()
-    for shard, taken in sorted(ing.recovering.items()):
-        ing.recover(shard, taken)
-    ing.step()  # one pass: three batches of each shard
+    h.one_pass(ing)  # one pass: three batches of each shard
     assert sorted(calls) == sorted(list(range(SHARDS)) * 3)
     # Whichever thread runs a shard's second batch has stored a third shard's first one.
     first_again = next(i for i, s in enumerate(calls) if s in calls[:i])
@@ -546,10 +548,7 @@ def test_an_outage_in_one_shards_task_stops_the_others_after_their_batch_in_hand
         return real_append(shard, epoch, batch)
 
     h.log.append = append  # type: ignore[method-assign]
-    ing.rebalance()
-    for shard, taken in sorted(ing.recovering.items()):
-        ing.recover(shard, taken)
-    ing.step()  # the outage: one retry, not a crash
+    h.one_pass(ing)  # the outage: one retry, not a crash
     assert ing.retries == 1 and ing.crashes == 0
     assert h.stored("alpha", "general") == []
     # Its batch in hand, and at most the one its task had read when the failure was seen:
