@@ -216,7 +216,8 @@ def repair(turns: list[Turn]) -> list[Turn]:
         turns = _normalise(_strip_finished(turns))
     if turns and turns[-1].role == "assistant":
         _strip_trailing_space(turns[-1])
-        turns = _normalise(turns)
+        if not turns[-1].blocks:  # it held only white space
+            turns = _normalise(turns)
     return turns
 
 
@@ -355,8 +356,10 @@ def coarse_trim(
 
 def fit_budget(turns: list[Turn], budget: int) -> tuple[list[Turn], bool]:
     """Drop the oldest whole exchanges until the estimate fits; the newest always stays."""
-    kept = units(turns)
     total = sum(t.tokens for t in turns)
+    if total <= budget:  # the common case: no exchanges to find
+        return turns, False
+    kept = units(turns)
     dropped = False
     while len(kept) > 1 and total > budget:
         total -= sum(t.tokens for t in kept.pop(0))
