@@ -28,10 +28,14 @@ from contextlog.producers.history import (
 from contextlog.producers.replica import (
     MAX_LAG,
     WAIT,
+    ASend,
     AsyncReplica,
     Policy,
     Replica,
+    Send,
     Timer,
+    afetch_sent,
+    fetch_sent,
 )
 from contextlog.producers.tails import NO_HINT, Known, Row, Tails, fill
 from contextlog.schema.defaults import ConversationDefaults
@@ -284,9 +288,7 @@ class ThreadRead:
         """The conversation's state, window rows and other threads: one round trip
         (pipeline mode), a second one only when the bounded fetch holds no turn to
         start at."""
-        with conn.pipeline():
-            collect = self.send(conn)
-        return collect()
+        return fetch_sent(conn, self.send)
 
     async def asend(self, conn: Any) -> Callable[[], Awaitable[Parts]]:
         """`send` on an asyncio connection."""
@@ -302,9 +304,7 @@ class ThreadRead:
 
     async def afetch(self, conn: Any) -> Parts:
         """`fetch` on an asyncio connection."""
-        async with conn.pipeline():
-            collect = await self.asend(conn)
-        return await collect()
+        return await afetch_sent(conn, self.asend)
 
 
 def _policy(max_replica_lag: float, replica_wait: float) -> Policy:
@@ -417,7 +417,7 @@ class ContextReader(_Reader):
         if wait_for is not None:  # on the primary: a standby cannot LISTEN
             with self.connection() as conn:
                 lsn = self._wait(conn, wait_for, timeout, agent, channel, look="await_event_at")[0]
-        got = self.replica.read(read.fetch, lsn, self.connection)
+        got = self.replica.read(read.send, lsn, self.connection)
         ctx = replace(self._context(got.value, now), served_by=got.by)
         return attachments.attach(got.connect, ctx, self.attachments)
 
@@ -426,7 +426,7 @@ class ContextReader(_Reader):
     ) -> SessionPage:
         """Saved sessions of a conversation (or of all the agent's channels), newest first."""
         params = page_params(agent, channel, page, per_page)
-        rows = self._read(lambda conn: conn.execute(query("list_sessions"), params).fetchall())
+        rows = self._read(lambda conn: conn.execute(query("list_sessions"), params).fetchall)
         return to_page(rows, page, per_page)
 
     def session(
@@ -442,22 +442,23 @@ class ContextReader(_Reader):
         """A session and its messages, oldest first (what export writes)."""
         info, seqs = self._session(session_id, agent, channel)
         params = {"agent": info.agent, "channel": info.channel, "seqs": seqs}
-        rows = self._read(lambda conn: conn.execute(query("session_messages"), params).fetchall())
+        rows = self._read(lambda conn: conn.execute(query("session_messages"), params).fetchall)
         return info, to_messages(rows)
 
     def _session(
         self, session_id: str, agent: str | None, channel: str | None
     ) -> tuple[SessionInfo, list[int]]:
         params = {"session_id": session_id, "agent": agent, "channel": channel}
-        rows = self._read(lambda conn: conn.execute(query("get_session"), params).fetchall())
+        rows = self._read(lambda conn: conn.execute(query("get_session"), params).fetchall)
         return pick(rows, session_id, agent, channel)
 
-    def _read(self, fn: Callable[[Any], T]) -> T:
-        """`fn(conn)` on the replica (within its lag bound) or else the primary."""
+    def _read(self, send: Send[T]) -> T:
+        """The read `send` queues (`replica.fetch_sent`), on the replica (within its lag
+        bound) or else the primary."""
         if self.replica is None:
             with self.connection() as conn:
-                return fn(conn)
-        return self.replica.read(fn, None, self.connection).value
+                return fetch_sent(conn, send)
+        return self.replica.read(send, None, self.connection).value
 
     def _wait(
         self,
@@ -564,7 +565,7 @@ class AsyncContextReader(_Reader):
                 )[0]
         now = now or self.clock()
         read = self._thread_read(agent, channel, thread, now)
-        got = await self.replica.read(read.afetch, lsn, self._aconn)
+        got = await self.replica.read(read.asend, lsn, self._aconn)
         ctx = replace(self._context(got.value, now), served_by=got.by)
         return await attachments.aattach(got.connect, ctx, self.attachments)
 
@@ -573,7 +574,7 @@ class AsyncContextReader(_Reader):
     ) -> SessionPage:
         """Saved sessions of a conversation (or of all the agent's channels), newest first."""
         params = page_params(agent, channel, page, per_page)
-        rows = await self._read(lambda conn: _afetchall(conn, "list_sessions", params))
+        rows = await self._read(lambda conn: _asend_rows(conn, "list_sessions", params))
         return to_page(rows, page, per_page)
 
     async def session(
@@ -582,15 +583,15 @@ class AsyncContextReader(_Reader):
         """One live session; `Refused` ("there is no session") if unknown, deleted, or of
         another conversation than the one named."""
         params = {"session_id": session_id, "agent": agent, "channel": channel}
-        rows = await self._read(lambda conn: _afetchall(conn, "get_session", params))
+        rows = await self._read(lambda conn: _asend_rows(conn, "get_session", params))
         return pick(rows, session_id, agent, channel)[0]
 
-    async def _read(self, fn: Callable[[Any], Awaitable[T]]) -> T:
+    async def _read(self, send: ASend[T]) -> T:
         """`ContextReader._read`, for asyncio."""
         if self.replica is None:
             async with await self._aconn() as conn:
-                return await fn(conn)
-        return (await self.replica.read(fn, None, self._aconn)).value
+                return await afetch_sent(conn, send)
+        return (await self.replica.read(send, None, self._aconn)).value
 
     async def _wait(
         self,
@@ -642,5 +643,9 @@ async def _aconfigure(conn: Any) -> None:
     await conn.execute(_ONE_PLAN)
 
 
-async def _afetchall(conn: Any, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-    return list(await (await conn.execute(query(name), params)).fetchall())
+async def _asend_rows(
+    conn: Any, name: str, params: dict[str, Any]
+) -> Callable[[], Awaitable[list[tuple[Any, ...]]]]:
+    """Queue the named query; collect its rows."""
+    cur = await conn.execute(query(name), params)
+    return cur.fetchall  # type: ignore[no-any-return]
