@@ -17,6 +17,10 @@ from contextlog.schema.errors import ConfigError
 DEFAULT_REDIS_URL: Final = "redis://127.0.0.1:6379/0"
 DEFAULT_DATABASE_URL: Final = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_BATCH_SIZE: Final = 2000
+# A shard's batch grows by further reads of `batch_size` entries while it holds fewer
+# bytes than this: ~6,000 entries of ~400 B, where larger transactions cost Postgres
+# less an event; a batch's memory stays within this plus one read.
+DEFAULT_BATCH_BYTES: Final = 2 << 20
 # One thread (and Postgres connection) per shard of the default count: each owned shard is
 # stored while the others are read, decoded and formatted (a thread waiting on Postgres
 # releases the GIL).
@@ -53,6 +57,7 @@ class Settings:
     replica_wait: float = REPLICA_WAIT
     shards: int = keys.DEFAULT_SHARDS
     batch_size: int = DEFAULT_BATCH_SIZE
+    batch_bytes: int = DEFAULT_BATCH_BYTES
     ingest_threads: int = DEFAULT_INGEST_THREADS
     max_entry_bytes: int = codec.DEFAULT_MAX_ENTRY_BYTES
     max_deliveries: int = DEFAULT_MAX_DELIVERIES
@@ -93,6 +98,7 @@ class Settings:
             replica_wait=r.get("CONTEXTLOG_REPLICA_WAIT", REPLICA_WAIT, _float_in(0, 60)),
             shards=keys.shards_from_env(env),
             batch_size=r.get("CONTEXTLOG_BATCH_SIZE", DEFAULT_BATCH_SIZE, _int_in(1, 10_000)),
+            batch_bytes=r.get("CONTEXTLOG_BATCH_BYTES", DEFAULT_BATCH_BYTES, _int_in(1, 256 << 20)),
             ingest_threads=r.get(
                 "CONTEXTLOG_INGEST_THREADS", DEFAULT_INGEST_THREADS, _int_in(1, 64)
             ),

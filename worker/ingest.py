@@ -252,11 +252,26 @@ class Ingest:
             or shard in self.recovering
         ):
             return []
-        read, held = self._read([shard], None)
-        if shard in held:
-            self.recovering.setdefault(shard, False)  # ours are re-read with theirs
-            return []
-        return read.get(shard, []) if shard in self.owned else []
+        return self._refill(shard)
+
+    def _refill(self, shard: int) -> list[Entry]:
+        """The shard's next batch, without blocking: reads of up to `batch_size` entries
+        while the stream has more and the batch holds fewer than `batch_bytes` bytes.
+        Larger batches cost Postgres less an event (a commit, the projections' upserts
+        once a batch); the bound in bytes keeps a batch of large entries small. Nothing
+        where another consumer holds entries of the shard (see `_drain_next`)."""
+        batch: list[Entry] = []
+        size = 0
+        while True:
+            read, held = self._read([shard], None)
+            if shard in held:
+                self.recovering.setdefault(shard, False)  # ours are re-read with theirs
+                return []
+            got = read.get(shard, [])
+            batch += got
+            size += sum(len(v) for _, fields in got for v in fields.values())
+            if len(got) < self.settings.batch_size or size >= self.settings.batch_bytes:
+                return batch if shard in self.owned else []
 
     def _older_first(
         self, work: list[tuple[int, list[Entry]]], held: Sequence[int]

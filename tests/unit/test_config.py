@@ -12,7 +12,7 @@ def test_defaults_when_nothing_is_set() -> None:
     s = Settings.from_env({})
     assert s.redis_url == "redis://127.0.0.1:6379/0"
     assert s.shards == 4
-    assert s.batch_size == 2000
+    assert (s.batch_size, s.batch_bytes) == (2000, 2 << 20)
     assert s.max_entry_bytes == 256 * 1024
     assert s.consumer  # host-pid by default
 
@@ -24,12 +24,13 @@ def test_values_are_parsed() -> None:
             "DATABASE_URL": "postgresql://u@h/db",
             "CONTEXTLOG_SHARDS": "8",
             "CONTEXTLOG_BATCH_SIZE": "100",
+            "CONTEXTLOG_BATCH_BYTES": "65536",
             "CONTEXTLOG_LEASE_SECONDS": "2.5",
             "CONTEXTLOG_CONSUMER": "ingest-1",
             "CONTEXTLOG_LOG_FORMAT": "Console",
         }
     )
-    assert (s.shards, s.batch_size, s.lease_seconds) == (8, 100, 2.5)
+    assert (s.shards, s.batch_size, s.batch_bytes, s.lease_seconds) == (8, 100, 65536, 2.5)
     assert (s.consumer, s.log_format) == ("ingest-1", "console")
 
 
@@ -52,6 +53,7 @@ def test_readers_built_from_settings_use_the_replica() -> None:
         ("DATABASE_URL", "mysql://x", "DATABASE_URL is not a postgresql:// URL"),
         ("CONTEXTLOG_BATCH_SIZE", "lots", "CONTEXTLOG_BATCH_SIZE is not a whole number"),
         ("CONTEXTLOG_BATCH_SIZE", "0", "CONTEXTLOG_BATCH_SIZE must be between"),
+        ("CONTEXTLOG_BATCH_BYTES", "0", "CONTEXTLOG_BATCH_BYTES must be between"),
         ("CONTEXTLOG_LEASE_SECONDS", "0.1", "CONTEXTLOG_LEASE_SECONDS must be between"),
         ("CONTEXTLOG_LOG_LEVEL", "loud", "CONTEXTLOG_LOG_LEVEL must be one of"),
         ("CONTEXTLOG_SHARDS", "x", "CONTEXTLOG_SHARDS is not a whole number"),

@@ -511,7 +511,7 @@ def test_with_more_shards_than_threads_every_shard_takes_its_turn(h: Harness) ->
         return real_append(shard, epoch, batch)
 
     h.log.append = append  # type: ignore[method-assign]
-    ing = h.ingest(batch_size=2, ingest_threads=2)
+    ing = h.ingest(batch_size=2, batch_bytes=1, ingest_threads=2)  # one read a batch
     h.one_pass(ing)  # one pass: three batches of each shard
     assert sorted(calls) == sorted(list(range(SHARDS)) * 3)
     # Whichever thread runs a shard's second batch has stored a third shard's first one.
@@ -519,6 +519,30 @@ def test_with_more_shards_than_threads_every_shard_takes_its_turn(h: Harness) ->
     assert len(set(calls[:first_again])) >= 3
     for ch in channels:
         assert [seq for seq, _ in h.stored("alpha", ch)] == list(range(1, 7))
+
+
+def test_a_shards_batch_grows_by_reads_until_it_holds_batch_bytes(h: Harness) -> None:
+    """A refill reads `batch_size` entries at a time into one batch (one transaction)
+    until the batch holds `batch_bytes`; a read that comes back short ends it."""
+    for i in range(9):
+        h.producer.post_message("alpha", "general", "user", f"m{i}")
+    h.producer.post_message("alpha", _channel_on_another_shard("alpha", "general"), "user", "x")
+    ours = keys.shard_of("alpha", "general", SHARDS)
+    sizes = {sum(map(len, f.values())) for _, f in h.redis.xrange(keys.stream(ours))}
+    assert len(sizes) == 1  # every entry the same size
+    batches: list[int] = []
+    real_append = h.log.append
+
+    def append(shard: int, epoch: int, batch: Sequence[Accepted]) -> int:
+        if shard == ours:
+            batches.append(len(batch))
+        return real_append(shard, epoch, batch)
+
+    h.log.append = append  # type: ignore[method-assign]
+    h.one_pass(h.ingest(batch_size=2, batch_bytes=3 * sizes.pop()))
+    # The pass's first read, then 2 + 2 (four entries' bytes reach three's), then 2 + 1.
+    assert batches == [2, 4, 3]
+    assert [seq for seq, _ in h.stored()] == list(range(1, 10))
 
 
 def test_an_outage_in_one_shards_task_stops_the_others_after_their_batch_in_hand(
