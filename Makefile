@@ -1,9 +1,9 @@
-# Developer entry points. Targets that need Postgres and Redis run through contextlog.worker.devenv,
+# Developer entry points. Targets that need Postgres and Redis run through contextlog.worker.dev.devenv,
 # which embeds a server under .contextlog/ for DATABASE_URL / REDIS_URL when one is unset.
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
-DEVENV := $(VENV)/bin/python -m contextlog.worker.devenv --
+DEVENV := $(VENV)/bin/python -m contextlog.worker.dev.devenv --
 
 .PHONY: venv test demo bench lint run attach clean
 
@@ -42,7 +42,7 @@ run: $(STAMP)
 # From a second terminal while `make run` (or a --keep run) is up: CMD on its servers, e.g.
 # `make attach CMD='contextlog status'`; without CMD, a shell with DATABASE_URL and REDIS_URL.
 attach: $(STAMP)
-	@PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/python -m contextlog.worker.devenv --attach -- \
+	@PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/python -m contextlog.worker.dev.devenv --attach -- \
 	  $(if $(CMD),sh -c "$$CMD",$${SHELL:-sh})
 
 # mypy checks the benchmarks too, so it needs their peers (the bench extra). It cannot see
@@ -57,5 +57,5 @@ lint: $(BENCH_STAMP)
 # Servers left running by `devenv --keep` are stopped first.
 clean:
 	@if [ -x $(VENV)/bin/python ] && [ -d .contextlog ]; then \
-	  $(VENV)/bin/python -m contextlog.worker.devenv --stop; fi
+	  $(VENV)/bin/python -m contextlog.worker.dev.devenv --stop; fi
 	rm -rf .contextlog

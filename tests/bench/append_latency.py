@@ -26,7 +26,7 @@ import psycopg
 from contextlog.producers.ids import uuid7
 from contextlog.schema import codec
 from contextlog.schema import events as ev
-from contextlog.worker.eventlog import Accepted, PostgresEventLog
+from contextlog.worker.store.eventlog import Accepted, PostgresEventLog
 from tests.support.services import create_database, drop_database
 
 CONVERSATIONS, HISTORY, WARMUP = 10, 100, 20

@@ -30,7 +30,7 @@ from contextlog.producers.ids import uuid7
 from contextlog.schema import codec
 from contextlog.schema import events as ev
 from contextlog.schema.defaults import ConversationDefaults
-from contextlog.worker.eventlog import Accepted, PostgresEventLog
+from contextlog.worker.store.eventlog import Accepted, PostgresEventLog
 from tests.bench.harness import BenchEnv, Result
 from tests.support.anthropic_rules import check_messages, check_params
 from tests.support.blocks import SIGNATURE

@@ -24,7 +24,7 @@ import redis
 
 from contextlog.producers import connection
 from contextlog.schema.queries import query
-from contextlog.worker import deadletters
+from contextlog.worker.ingest import deadletters
 from tests.bench import ingest
 from tests.bench.harness import BenchEnv, BenchError, Result, Watched, python_module, redis_cpu
 from tests.support.cluster import RedisCluster3
@@ -163,7 +163,7 @@ def _drain(base: BenchEnv, env: BenchEnv, count: int) -> float:
     timeout = 60 + count / 500
     with (
         psycopg.connect(base.database_url, autocommit=True) as conn,
-        Watched("ingest", python_module("contextlog.worker.cli", "ingest"), process_env) as p,
+        Watched("ingest", python_module("contextlog.worker.cli.main", "ingest"), process_env) as p,
     ):
         first: float | None = None
         while True:

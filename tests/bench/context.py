@@ -397,7 +397,7 @@ def run_read_your_writes(env: BenchEnv) -> Result:
 def _offered_load(env: BenchEnv, rate: int, seconds: int) -> list[float]:
     producer = Producer.from_url(env.redis_url, shards=4)
     reader = ContextReader.from_url(env.database_url)
-    argv = python_module("contextlog.worker.cli", "ingest")
+    argv = python_module("contextlog.worker.cli.main", "ingest")
     latencies: list[float] = []
     with Watched(
         "ingest", argv, env.process_env(CONTEXTLOG_LOG_LEVEL="warning", CONTEXTLOG_BLOCK_MS="100")

@@ -44,10 +44,10 @@ from rq.utils import utcparse
 
 from contextlog.producers import Batch, Producer
 from contextlog.schema.queries import query
-from contextlog.worker import deadletters
-from contextlog.worker.config import DEFAULT_BATCH_SIZE
-from contextlog.worker.jobs import SUMMARIES
-from contextlog.worker.timers import IDLE, PART
+from contextlog.worker.app.config import DEFAULT_BATCH_SIZE
+from contextlog.worker.ingest import deadletters
+from contextlog.worker.tasks.jobs import SUMMARIES
+from contextlog.worker.tasks.timers import IDLE, PART
 from tests.bench.harness import (
     ROOT,
     STOP_TIMEOUT,
@@ -186,7 +186,7 @@ def _contextlog(env: BenchEnv, command: str, name: str) -> Group:
     penv = env.process_env(
         CONTEXTLOG_LOG_LEVEL="warning", CONTEXTLOG_SHARDS=str(SHARDS), ANTHROPIC_API_KEY=""
     )
-    return Group(name, python_module("contextlog.worker.cli", command), penv)
+    return Group(name, python_module("contextlog.worker.cli.main", command), penv)
 
 
 def _reset(env: BenchEnv) -> None:

@@ -20,8 +20,8 @@ from psycopg.rows import TupleRow
 
 from contextlog.producers import Producer
 from contextlog.schema.queries import query
-from contextlog.worker import deadletters
-from contextlog.worker.config import Settings
+from contextlog.worker.app.config import Settings
+from contextlog.worker.ingest import deadletters
 from tests.bench.harness import (
     BenchEnv,
     BenchError,
@@ -269,7 +269,7 @@ def _drain_scaled(env: BenchEnv, count: int, conversations: int, processes: int)
             stack.enter_context(
                 Watched(
                     f"ingest {i}",
-                    python_module("contextlog.worker.cli", "ingest"),
+                    python_module("contextlog.worker.cli.main", "ingest"),
                     {
                         **_ingest_env(env),
                         "CONTEXTLOG_CONSUMER": f"bench-{i}",
@@ -320,13 +320,15 @@ def _drain(env: BenchEnv, count: int) -> Drain:
     """Start `contextlog ingest`; poll the checkpoint totals until every event is stored."""
     timeout = 60 + count / 500  # generous: even 500 events/s finishes
     _checkpoint(env.database_url)
-    print("  draining with `python -m contextlog.worker.cli ingest` ...", flush=True)
+    print("  draining with `python -m contextlog.worker.cli.main ingest` ...", flush=True)
     cpu = CpuMeter()
     cpu.watch_counter("redis_server", redis_cpu(env.redis_url))
     with (
         psycopg.connect(env.database_url, autocommit=True) as conn,
         Watched(
-            "contextlog ingest", python_module("contextlog.worker.cli", "ingest"), _ingest_env(env)
+            "contextlog ingest",
+            python_module("contextlog.worker.cli.main", "ingest"),
+            _ingest_env(env),
         ) as p,
     ):
         cpu.watch("ingest_process", p.proc.pid, since_start=True)

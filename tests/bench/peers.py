@@ -184,7 +184,7 @@ def _ours(env: BenchEnv) -> Iterator[tuple[Ours, Watched]]:
     producer = Producer.from_url(env.redis_url, shards=SHARDS)
     reader = ContextReader.from_url(env.database_url)
     stored = psycopg.connect(env.database_url, autocommit=True)
-    argv = python_module("contextlog.worker.cli", "ingest")
+    argv = python_module("contextlog.worker.cli.main", "ingest")
     penv = env.process_env(CONTEXTLOG_LOG_LEVEL="warning", CONTEXTLOG_SHARDS=str(SHARDS))
     try:
         with Watched("contextlog ingest", argv, penv) as ingest:

@@ -112,7 +112,9 @@ def _read_your_writes(env: BenchEnv, pair: ReplicaPair) -> dict[str, Any]:
     producer = Producer.from_url(env.redis_url, shards=4)
     samples: dict[str, list[float]] = {name: [] for name in readers}
     proc_env = {**env.process_env(CONTEXTLOG_LOG_LEVEL="warning"), "DATABASE_URL": pair.url}
-    with Watched("ingest", python_module("contextlog.worker.cli", "ingest"), proc_env) as ingest:
+    with Watched(
+        "ingest", python_module("contextlog.worker.cli.main", "ingest"), proc_env
+    ) as ingest:
         eid = producer.post_message("warm", "up", "user", "hello")
         for r in readers.values():
             r.context("warm", "up", wait_for=eid, timeout=30)

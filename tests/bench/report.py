@@ -107,7 +107,7 @@ def markdown(docs: list[dict[str, Any]]) -> str:
         "# Benchmarks",
         "",
         "Measured with `make bench` (runs `python -m tests.bench.run` under "
-        "`contextlog.worker.devenv`; "
+        "`contextlog.worker.dev.devenv`; "
         "`--only NAME` reruns one benchmark, `--events N` changes the workload size). "
         "This file is regenerated from `bench/results/*.json` on every run, so rows of "
         "benchmarks not rerun are kept. Ratio = ours / physical limit.",

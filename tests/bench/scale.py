@@ -38,8 +38,8 @@ from contextlog.producers.tails import Tails
 from contextlog.schema import codec
 from contextlog.schema import events as ev
 from contextlog.schema.defaults import ConversationDefaults
-from contextlog.worker.eventlog import Accepted, PostgresEventLog
-from contextlog.worker.migrations import migrate
+from contextlog.worker.store.eventlog import Accepted, PostgresEventLog
+from contextlog.worker.store.migrations import migrate
 from tests.bench.context import NOW, _fill_background, _fill_targets, _percentiles
 from tests.bench.harness import BenchEnv, Result, settle
 from tests.support.services import drop_database, migrate_layout, with_database

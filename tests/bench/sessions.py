@@ -36,9 +36,9 @@ from contextlog.producers import Batch, Producer
 from contextlog.producers.commands import Prepared
 from contextlog.schema import keys
 from contextlog.schema.queries import query
-from contextlog.worker import deadletters
-from contextlog.worker.jobs import SUMMARIES
-from contextlog.worker.timers import IDLE
+from contextlog.worker.ingest import deadletters
+from contextlog.worker.tasks.jobs import SUMMARIES
+from contextlog.worker.tasks.timers import IDLE
 from tests.bench.harness import (
     STOP_TIMEOUT,
     BenchEnv,
@@ -237,9 +237,9 @@ def _start(env: BenchEnv, stack: contextlib.ExitStack) -> Rig:
     penv = _process_env(env, api.url)
     print(f"  starting ingest and {WORKERS} workers (fake API at {api.url}) ...", flush=True)
     rig.ingest = stack.enter_context(
-        Watched("contextlog ingest", python_module("contextlog.worker.cli", "ingest"), penv)
+        Watched("contextlog ingest", python_module("contextlog.worker.cli.main", "ingest"), penv)
     )
-    argv = python_module("contextlog.worker.cli", "worker")
+    argv = python_module("contextlog.worker.cli.main", "worker")
     for i in range(WORKERS):
         rig.workers.append(stack.enter_context(Watched(f"contextlog worker {i}", argv, penv)))
     stack.callback(_terminate, rig)  # runs first: every process gets SIGTERM at once

@@ -67,7 +67,15 @@ def test_chat_in_a_terminal(db: str, redis_url: str, tmp_path: Path) -> None:
     with running(settings_for(db, redis_url)):
         worker.start()
         term = Terminal(
-            [sys.executable, "-m", "contextlog.worker.cli", "chat", "alpha", "--channel", "tty"],
+            [
+                sys.executable,
+                "-m",
+                "contextlog.worker.cli.main",
+                "chat",
+                "alpha",
+                "--channel",
+                "tty",
+            ],
             env,
         )
         try:

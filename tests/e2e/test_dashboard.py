@@ -18,8 +18,8 @@ import pytest
 import redis
 from rq import Queue, SimpleWorker
 
-from contextlog.worker.jobs import FAILURE_TTL, SUMMARIES, Jobs
-from contextlog.worker.timers import Timers, bucket_second, ms
+from contextlog.worker.tasks.jobs import FAILURE_TTL, SUMMARIES, Jobs
+from contextlog.worker.tasks.timers import Timers, bucket_second, ms
 from tests.support import services
 from tests.support.processes import ROOT, Process, started
 from tests.support.running import eventually
@@ -180,7 +180,7 @@ def fill(client: redis.Redis, now: dt.datetime) -> str:
     # A job queued by an older release whose function has since been renamed: the worker
     # cannot import it and fails it, the way a deploy leaves a failed job behind.
     summaries.enqueue_call(
-        "contextlog.worker.jobs.summarise_session",
+        "contextlog.worker.tasks.jobs.summarise_session",
         args=(A, C, RELEASE_NOTES),
         description=f"summarize session {RELEASE_NOTES} ({A}/{C})",
         failure_ttl=FAILURE_TTL,

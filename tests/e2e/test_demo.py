@@ -14,7 +14,7 @@ import pytest
 def test_demo_runs_to_completion(db: str, redis_url: str) -> None:
     env = {**os.environ, "DATABASE_URL": db, "REDIS_URL": redis_url}
     done = subprocess.run(
-        [sys.executable, "-m", "contextlog.worker.cli", "demo"],
+        [sys.executable, "-m", "contextlog.worker.cli.main", "demo"],
         env=env,
         capture_output=True,
         text=True,

@@ -1,4 +1,4 @@
-"""`make run`'s stack on servers embedded by contextlog.worker.devenv, in a checkout whose
+"""`make run`'s stack on servers embedded by contextlog.worker.dev.devenv, in a checkout whose
 path is too long for a unix socket: a second terminal attaches to it, and a hangup or a
 SIGKILL of devenv leaves no process behind, so the next run starts cleanly (the dashboard's
 port is free again)."""
@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil  # type: ignore[import-untyped]
 import pytest
 
-from contextlog.worker.devenv_servers import RUN_MARKER, SUN_PATH_MAX
+from contextlog.worker.dev.servers import RUN_MARKER, SUN_PATH_MAX
 from tests.support.processes import ROOT
 from tests.support.servers import free_port
 
@@ -70,7 +70,7 @@ def devenv(
     *args: str, cwd: Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "contextlog.worker.devenv", *args],
+        [sys.executable, "-m", "contextlog.worker.dev.devenv", *args],
         cwd=cwd, env=env or environment(0), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 
@@ -79,7 +79,7 @@ def start_run(checkout: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     """`make run` in a terminal of its own: devenv and honcho in one process group."""
     with (checkout / "run.log").open("ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "contextlog.worker.devenv", "--", "honcho", "start"],
+            [sys.executable, "-m", "contextlog.worker.dev.devenv", "--", "honcho", "start"],
             cwd=checkout, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             start_new_session=True,
         )  # fmt: skip

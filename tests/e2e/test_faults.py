@@ -224,7 +224,7 @@ def test_entries_that_crashed_ingest_are_dead_lettered_and_rebuild_still_works(
     print("\n".join(f"{r.label}: {found[e][0]}" for r, e in poison))
 
     rebuild = subprocess.run(
-        [sys.executable, "-m", "contextlog.worker.cli", "rebuild"],
+        [sys.executable, "-m", "contextlog.worker.cli.main", "rebuild"],
         env=stack.env,
         cwd=ROOT,
         capture_output=True,

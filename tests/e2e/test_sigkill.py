@@ -25,7 +25,7 @@ import pytest
 import redis
 
 from contextlog.schema import keys
-from contextlog.worker import deadletters
+from contextlog.worker.ingest import deadletters
 from tests.e2e.producer_proc import AGENT, content
 
 pytestmark = pytest.mark.e2e
@@ -69,7 +69,7 @@ class IngestProcess:
             log.write(f"--- ingest #{self.starts} started ---\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "contextlog.worker.cli", "ingest"],
+                [sys.executable, "-m", "contextlog.worker.cli.main", "ingest"],
                 env=self.env,
                 cwd=ROOT,
                 stdin=subprocess.DEVNULL,

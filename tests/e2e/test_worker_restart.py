@@ -32,7 +32,7 @@ def _gone(pid: int) -> bool:
 
 def _status(env: dict[str, str]) -> dict[str, object]:
     out = subprocess.run(
-        [sys.executable, "-m", "contextlog.worker.cli", "status", "--json"],
+        [sys.executable, "-m", "contextlog.worker.cli.main", "status", "--json"],
         env=env,
         cwd=ROOT,
         capture_output=True,

@@ -22,8 +22,9 @@ from contextlog.schema import attachments, codec, keys
 from contextlog.schema import events as ev
 from contextlog.schema.defaults import ConversationDefaults
 from contextlog.schema.queries import queries
-from contextlog.worker import archive, deadletters
-from contextlog.worker.config import Settings
+from contextlog.worker.app.config import Settings
+from contextlog.worker.ingest import deadletters
+from contextlog.worker.store import archive
 from tests.support.anthropic_rules import check_messages
 from tests.support.running import eventually, running, settings_for
 

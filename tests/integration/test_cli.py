@@ -22,8 +22,10 @@ from contextlog.producers.notifications import Notifications
 from contextlog.schema import keys
 from contextlog.schema import notices as nt
 from contextlog.schema.notices import Notice
-from contextlog.worker import archive, cli, logs
-from contextlog.worker.cli_common import console
+from contextlog.worker.app import logs
+from contextlog.worker.cli import main as cli
+from contextlog.worker.cli.common import console
+from contextlog.worker.store import archive
 from tests.support import services
 from tests.support.running import eventually, running, settings_for
 from tests.support.servers import free_port

@@ -19,10 +19,10 @@ from contextlog.producers import AsyncProducer, Producer, Unavailable
 from contextlog.producers.ids import uuid7
 from contextlog.schema import events as ev
 from contextlog.schema import keys
-from contextlog.worker import deadletters
-from contextlog.worker.clock import SystemClock
-from contextlog.worker.config import Settings
-from contextlog.worker.status import gather
+from contextlog.worker.app.clock import SystemClock
+from contextlog.worker.app.config import Settings
+from contextlog.worker.cli.status import gather
+from contextlog.worker.ingest import deadletters
 from tests.support.cluster import RedisCluster3
 from tests.support.running import count_events, eventually, running, settings_for, stored_ids
 
@@ -128,7 +128,7 @@ def test_dead_letters_and_status_on_a_cluster(
         keys.stream(s) for s in range(SHARDS)
     ]
     queue = Settings.from_env({"REDIS_URL": redis_url})
-    from contextlog.worker.bootstrap import queue_client
+    from contextlog.worker.app.bootstrap import queue_client
 
     with psycopg.connect(db) as conn:
         status = gather(cluster_client, conn, SHARDS, SystemClock().now(), queue_client(queue))
@@ -286,8 +286,8 @@ def test_cli_status_dead_letters_and_notifications_on_a_cluster(
     """The operator's view with REDIS_URL on the cluster and the queues beside it."""
     from contextlog.producers import Notifications
     from contextlog.schema import notices as nt
-    from contextlog.worker import cli
-    from contextlog.worker.notify import RedisNotifier
+    from contextlog.worker.cli import main as cli
+    from contextlog.worker.effects.notify import RedisNotifier
 
     env = {
         "DATABASE_URL": db,

@@ -25,7 +25,7 @@ from contextlog.producers.reader import _configure
 from contextlog.schema import codec
 from contextlog.schema import events as ev
 from contextlog.schema.defaults import ConversationDefaults
-from contextlog.worker.eventlog import Accepted, PostgresEventLog
+from contextlog.worker.store.eventlog import Accepted, PostgresEventLog
 from tests.support.anthropic_rules import check_messages, check_params
 from tests.support.blocks import PARAMS, server_call, thinking
 from tests.support.running import running, settings_for
@@ -484,7 +484,7 @@ def test_any_logged_history_reads_back_valid_for_the_real_client(
 def test_cli_context_across_a_clear_and_the_24h_edge_inside_tool_exchanges(
     log: Log, db: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from contextlog.worker import cli
+    from contextlog.worker.cli import main as cli
 
     now = dt.datetime.now(dt.UTC)
     log.say("assistant", [use("edge")], now - 24 * HOUR - dt.timedelta(minutes=5))

@@ -22,7 +22,7 @@ from contextlog.schema import codec
 from contextlog.schema import events as ev
 from contextlog.schema.errors import Fenced, ShardBusy, StorageRefused
 from contextlog.schema.queries import migrations
-from contextlog.worker.eventlog import (
+from contextlog.worker.store.eventlog import (
     FENCED,
     ONE_STATEMENT_MAX,
     Accepted,
@@ -31,7 +31,7 @@ from contextlog.worker.eventlog import (
     PostgresEventLog,
     bound_waits,
 )
-from contextlog.worker.migrations import migrate
+from contextlog.worker.store.migrations import migrate
 
 T0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 
@@ -394,7 +394,7 @@ def test_the_compaction_threshold_in_sql_is_the_one_in_python(db: str) -> None:
     """`advance_threads` (ingest's trigger) and `sessions.over_threshold` (the job's
     check) read one constant: a window at exactly the threshold does not compact, one
     token more does, in both."""
-    from contextlog.worker import projection, sessions
+    from contextlog.worker.store import projection, sessions
 
     budget = 1000
     at = int(sessions.COMPACT_AT * budget)

@@ -19,9 +19,9 @@ from contextlog.producers.notifications import Notifications
 from contextlog.schema import events as ev
 from contextlog.schema import notices as nt
 from contextlog.schema.notices import Notice
-from contextlog.worker import idle
-from contextlog.worker import timers as tm
-from contextlog.worker.timers import Timers, timer_key
+from contextlog.worker.tasks import idle
+from contextlog.worker.tasks import timers as tm
+from contextlog.worker.tasks.timers import Timers, timer_key
 from tests.support.processes import Process, offline_env, started
 from tests.support.running import eventually, running, settings_for
 

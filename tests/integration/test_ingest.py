@@ -9,8 +9,9 @@ import psycopg
 
 from contextlog.producers import Producer
 from contextlog.schema import keys
-from contextlog.worker import bootstrap, deadletters
-from contextlog.worker.streams import Streams
+from contextlog.worker.app import bootstrap
+from contextlog.worker.ingest import deadletters
+from contextlog.worker.ingest.streams import Streams
 from tests.support.proxy import Proxy, postgres_upstream, redis_upstream, via
 from tests.support.running import count_events, eventually, running, settings_for, stored_ids
 
@@ -146,8 +147,8 @@ def test_ingest_rides_out_a_redis_outage(db: str, redis_url: str) -> None:
 
 
 def test_status_reports_lag_dead_letters_and_stored(db: str, redis_url: str, rds: Any) -> None:
-    from contextlog.worker.clock import SystemClock
-    from contextlog.worker.status import gather
+    from contextlog.worker.app.clock import SystemClock
+    from contextlog.worker.cli.status import gather
 
     producer = Producer.from_url(redis_url, shards=4)
     settings = settings_for(db, redis_url)

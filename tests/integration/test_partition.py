@@ -17,9 +17,9 @@ from contextlog.producers import ContextReader
 from contextlog.producers.ids import uuid7
 from contextlog.schema import attachments, codec
 from contextlog.schema import events as ev
-from contextlog.worker.eventlog import Accepted, PostgresEventLog
-from contextlog.worker.migrations import migrate
-from contextlog.worker.rebuild import rebuild
+from contextlog.worker.store.eventlog import Accepted, PostgresEventLog
+from contextlog.worker.store.migrations import migrate
+from contextlog.worker.store.rebuild import rebuild
 from tests.integration.test_rebuild import snapshot
 from tests.support.services import drop_database, migrate_layout, with_database
 

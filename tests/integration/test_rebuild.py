@@ -12,8 +12,8 @@ import psycopg
 import pytest
 
 from contextlog.producers import Producer
-from contextlog.worker import cli
-from contextlog.worker.rebuild import rebuild
+from contextlog.worker.cli import main as cli
+from contextlog.worker.store.rebuild import rebuild
 from tests.support.running import count_events, eventually, running, settings_for
 
 T0 = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)

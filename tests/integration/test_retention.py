@@ -12,9 +12,10 @@ import pytest
 
 from contextlog.schema import events as ev
 from contextlog.schema.errors import Refused
-from contextlog.worker import cli, retention
-from contextlog.worker.eventlog import PostgresEventLog
-from contextlog.worker.rebuild import rebuild
+from contextlog.worker.cli import main as cli
+from contextlog.worker.store import retention
+from contextlog.worker.store.eventlog import PostgresEventLog
+from contextlog.worker.store.rebuild import rebuild
 from tests.integration.test_partition import T0, command, entry, fill, message
 from tests.integration.test_rebuild import snapshot
 

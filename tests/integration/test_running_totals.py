@@ -22,8 +22,8 @@ from contextlog.schema import codec
 from contextlog.schema import events as ev
 from contextlog.schema.defaults import ConversationDefaults
 from contextlog.schema.queries import query
-from contextlog.worker.eventlog import Accepted, PostgresEventLog
-from contextlog.worker.migrations import migrate
+from contextlog.worker.store.eventlog import Accepted, PostgresEventLog
+from contextlog.worker.store.migrations import migrate
 from tests.integration.test_context_cache import events_rows_scanned
 from tests.support.services import drop_database, migrate_layout, with_database
 

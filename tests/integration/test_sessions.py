@@ -29,22 +29,23 @@ from contextlog.schema import events as ev
 from contextlog.schema import notices as nt
 from contextlog.schema.errors import Refused, Unavailable
 from contextlog.schema.notices import Notice
-from contextlog.worker import bootstrap, cli
-from contextlog.worker.clock import FakeClock, SystemClock
-from contextlog.worker.config import Settings
-from contextlog.worker.eventlog import Accepted, PostgresEventLog
-from contextlog.worker.jobs import SUMMARIES, Jobs
-from contextlog.worker.notify import MemoryNotifier
-from contextlog.worker.rebuild import rebuild
-from contextlog.worker.relay import Relay
-from contextlog.worker.summarize import (
+from contextlog.worker.app import bootstrap
+from contextlog.worker.app.clock import FakeClock, SystemClock
+from contextlog.worker.app.config import Settings
+from contextlog.worker.cli import main as cli
+from contextlog.worker.effects.notify import MemoryNotifier
+from contextlog.worker.effects.relay import Relay
+from contextlog.worker.store.eventlog import Accepted, PostgresEventLog
+from contextlog.worker.store.rebuild import rebuild
+from contextlog.worker.tasks.jobs import SUMMARIES, Jobs
+from contextlog.worker.tasks.summarize import (
     FAILED_TEXT,
     TRUNCATED,
     AnthropicSummarizer,
     LocalSummarizer,
     Summarizer,
 )
-from contextlog.worker.timers import Timers
+from contextlog.worker.tasks.timers import Timers
 from tests.support.anthropic_rules import check_messages
 from tests.support.fake_anthropic import FakeAPI, Outcome, client_for
 from tests.support.running import eventually, running, settings_for

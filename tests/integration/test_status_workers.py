@@ -12,8 +12,8 @@ import fakeredis
 import pytest
 
 from contextlog.schema import keys
-from contextlog.worker import status
-from contextlog.worker.sweeper import heartbeat_key
+from contextlog.worker.cli import status
+from contextlog.worker.tasks.sweeper import heartbeat_key
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -66,7 +66,7 @@ def test_workers_whose_sweeper_is_dead_silent_or_stalled_are_reported() -> None:
 
 
 def test_ingest_crash_looping_is_unhealthy_even_while_the_crasher_holds_the_leases() -> None:
-    from contextlog.worker.streams import Streams
+    from contextlog.worker.ingest.streams import Streams
 
     r = fakeredis.FakeRedis()
     now_ms = int(NOW.timestamp() * 1000)
@@ -86,7 +86,7 @@ def test_ingest_crash_looping_is_unhealthy_even_while_the_crasher_holds_the_leas
 
 
 def test_clean_restarts_are_not_crashes() -> None:
-    from contextlog.worker.streams import Streams
+    from contextlog.worker.ingest.streams import Streams
 
     r = fakeredis.FakeRedis()
     now_ms = int(NOW.timestamp() * 1000)

@@ -50,7 +50,13 @@ class Process:
             log.write(f"--- {self.command} #{self.starts} started ---\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "contextlog.worker.cli", self.command, *self.argv_extra],
+                [
+                    sys.executable,
+                    "-m",
+                    "contextlog.worker.cli.main",
+                    self.command,
+                    *self.argv_extra,
+                ],
                 env=self.env,
                 cwd=ROOT,
                 stdin=subprocess.DEVNULL,

@@ -19,7 +19,7 @@ from types import TracebackType
 import psycopg
 import pytest
 
-from contextlog.worker.migrations import migrate
+from contextlog.worker.store.migrations import migrate
 from tests.support import services
 from tests.support.servers import PostgresCluster, ServerMissing, postgres_bindir, require_servers
 from tests.support.services import with_database

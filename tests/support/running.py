@@ -9,9 +9,9 @@ from contextlib import contextmanager
 
 import psycopg
 
-from contextlog.worker import bootstrap
-from contextlog.worker.config import Settings
-from contextlog.worker.ingest import Ingest
+from contextlog.worker.app import bootstrap
+from contextlog.worker.app.config import Settings
+from contextlog.worker.ingest.loop import Ingest
 
 
 def settings_for(database_url: str, redis_url: str, **extra: str) -> Settings:

@@ -29,7 +29,7 @@ from types import TracebackType
 
 import psycopg
 
-from contextlog.worker.devenv_servers import redis_answers
+from contextlog.worker.dev.servers import redis_answers
 from tests.support import services
 
 START_TIMEOUT_S = 30.0

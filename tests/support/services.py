@@ -12,7 +12,7 @@ import redis
 from psycopg.rows import TupleRow
 
 from contextlog.schema.queries import migrations
-from contextlog.worker.migrations import migrate
+from contextlog.worker.store.migrations import migrate
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 

@@ -31,7 +31,7 @@ import redis
 from contextlog.producers import Producer
 from contextlog.schema import keys
 from contextlog.schema.errors import Unavailable
-from contextlog.worker import deadletters
+from contextlog.worker.ingest import deadletters
 from tests.support.processes import Process, offline_env
 from tests.support.servers import PostgresCluster, RedisServer
 

@@ -20,8 +20,8 @@ from contextlog.producers.attachments import Cache
 from contextlog.producers.context import estimate_tokens
 from contextlog.schema import attachments, codec, keys
 from contextlog.schema import events as ev
-from contextlog.worker.attachments import groups
-from contextlog.worker.eventlog import Accepted
+from contextlog.worker.ingest.attachments import groups
+from contextlog.worker.store.eventlog import Accepted
 
 T0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 LIMITS = attachments.Limits()

@@ -6,7 +6,7 @@ import io
 from typing import Any, cast
 
 from contextlog.producers.context import Context
-from contextlog.worker.chat import Chat, echo_model
+from contextlog.worker.dev.chat import Chat, echo_model
 
 
 class FakeProducer:
@@ -61,7 +61,7 @@ def test_the_context_tag_is_shown_but_never_stored() -> None:
 
 
 def test_the_tag_says_when_the_older_part_was_summarised() -> None:
-    from contextlog.worker.chat import context_tag
+    from contextlog.worker.dev.chat import context_tag
 
     assert context_tag(Context([], token_estimate=5)) == "[context: 0 turns, ~5 tokens]"
     assert context_tag(Context([], token_estimate=5, compacted=True)) == (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from contextlog.schema.errors import ConfigError
-from contextlog.worker.config import Settings
+from contextlog.worker.app.config import Settings
 
 
 def test_defaults_when_nothing_is_set() -> None:

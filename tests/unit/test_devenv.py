@@ -12,8 +12,7 @@ import psycopg
 import pytest
 import redis
 
-from contextlog.worker import devenv
-from contextlog.worker import devenv_servers as servers
+from contextlog.worker.dev import devenv, servers
 
 
 def test_parse_args_takes_everything_after_double_dash_as_the_command() -> None:
@@ -234,7 +233,7 @@ def test_announcement_gives_the_urls_and_how_to_attach_but_never_user_urls() -> 
     assert "REDIS_URL from the environment" in text
     assert "REDIS_URL=" not in text
     assert "make attach CMD='contextlog status'" in text
-    assert "contextlog.worker.devenv --env" in text
+    assert "contextlog.worker.dev.devenv --env" in text
 
 
 def test_announcement_of_kept_servers() -> None:

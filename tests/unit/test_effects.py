@@ -7,9 +7,9 @@ import json
 
 from contextlog.schema import notices as nt
 from contextlog.schema.notices import Notice
-from contextlog.worker import effects as fx
-from contextlog.worker.clock import FakeClock
-from contextlog.worker.relay import Relay
+from contextlog.worker.app.clock import FakeClock
+from contextlog.worker.effects import kinds as fx
+from contextlog.worker.effects.relay import Relay
 
 DUE = dt.datetime(2026, 11, 22, 12, 30, tzinfo=dt.UTC)
 

@@ -54,7 +54,7 @@ from contextlog.schema import codec, keys
 from contextlog.schema import events as ev
 from contextlog.schema import notices as nt
 from contextlog.schema.notices import Notice
-from contextlog.worker.notify import RedisNotifier
+from contextlog.worker.effects.notify import RedisNotifier
 from examples import discord_bot as db
 from examples import slack_bot as sb
 from tests.support.fake_anthropic import FakeAPI, Outcome

@@ -12,11 +12,11 @@ from rq import Queue
 from rq.job import Job
 
 from contextlog.schema import events as ev
-from contextlog.worker import idle
-from contextlog.worker import timers as tm
-from contextlog.worker.clock import FakeClock
-from contextlog.worker.idle import IdleState
-from contextlog.worker.timers import Timers
+from contextlog.worker.app.clock import FakeClock
+from contextlog.worker.tasks import idle
+from contextlog.worker.tasks import timers as tm
+from contextlog.worker.tasks.idle import IdleState
+from contextlog.worker.tasks.timers import Timers
 
 A, C = "alpha", "general"
 T0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
@@ -240,7 +240,7 @@ def test_a_storm_going_idle_in_one_second_is_one_job_then_parts_the_workers_shar
     assert timers.arm_many(arms, T0) == 1  # one bucket: the second after the deadlines
     [bucket_job] = scheduled(timers)
     job = Job.fetch(bucket_job, connection=timers.redis)
-    assert job.func_name == "contextlog.worker.jobs.idle_due"
+    assert job.func_name == "contextlog.worker.tasks.jobs.idle_due"
     assert job.args == (tm.bucket_key(tm.bucket_second(tm.ms(due)) + 1),)
 
     taken = timers.take(job.args[0], bucket_job)

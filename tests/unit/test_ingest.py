@@ -17,12 +17,13 @@ from contextlog.producers import Producer
 from contextlog.schema import codec, keys
 from contextlog.schema import events as ev
 from contextlog.schema.errors import ShardBusy, Unavailable
-from contextlog.worker import bootstrap, deadletters
-from contextlog.worker.clock import FakeClock
-from contextlog.worker.config import Settings
-from contextlog.worker.eventlog import Accepted, MemoryEventLog
-from contextlog.worker.ingest import Ingest
-from contextlog.worker.streams import Streams
+from contextlog.worker.app import bootstrap
+from contextlog.worker.app.clock import FakeClock
+from contextlog.worker.app.config import Settings
+from contextlog.worker.ingest import deadletters
+from contextlog.worker.ingest.loop import Ingest
+from contextlog.worker.ingest.streams import Streams
+from contextlog.worker.store.eventlog import Accepted, MemoryEventLog
 
 SHARDS = 4
 
@@ -676,7 +677,7 @@ def test_a_long_recovery_keeps_its_leases(h: Harness) -> None:
 
 
 def test_crashes_and_unclean_exits_are_recorded_for_status(h: Harness) -> None:
-    from contextlog.worker.streams import recent_failures
+    from contextlog.worker.ingest.streams import recent_failures
 
     clean = h.ingest("clean")
     clean.stop.set()
@@ -699,7 +700,7 @@ def test_crashes_and_unclean_exits_are_recorded_for_status(h: Harness) -> None:
 def test_dead_letters_of_oversized_entries_keep_a_prefix_and_the_stream_is_capped(
     h: Harness,
 ) -> None:
-    from contextlog.worker.streams import DEAD_LETTER_CAP, ORIG_PREFIX
+    from contextlog.worker.ingest.streams import DEAD_LETTER_CAP, ORIG_PREFIX
 
     huge = b'{"type":"message.v1","content":"' + b"x" * 600_000 + b'"}'
     h.raw_entry({codec.ENTRY_FIELD: huge})

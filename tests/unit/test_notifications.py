@@ -17,7 +17,7 @@ from contextlog.schema import keys
 from contextlog.schema import notices as nt
 from contextlog.schema.errors import EventRejected
 from contextlog.schema.notices import Notice
-from contextlog.worker.notify import MemoryNotifier, RedisNotifier
+from contextlog.worker.effects.notify import MemoryNotifier, RedisNotifier
 
 T0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 

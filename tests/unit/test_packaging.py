@@ -45,7 +45,7 @@ def test_the_distribution_and_its_extras() -> None:
     assert core == {"redis", "msgspec", "psycopg", "psycopg-pool"}
     worker = {d.split("[")[0].split("=")[0] for d in project["optional-dependencies"]["worker"]}
     assert {"rq", "anthropic", "rich", "structlog", "prometheus-client"} <= worker
-    assert project["scripts"]["contextlog"] == "contextlog.worker.cli:main"
+    assert project["scripts"]["contextlog"] == "contextlog.worker.cli.main:main"
 
 
 def test_no_module_imports_a_bare_top_level_name() -> None:

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from contextlog.producers.context import StoredMessage, build_context
 from contextlog.schema.errors import Refused
-from contextlog.worker import archive, sessions
-from contextlog.worker.projection import rounds
+from contextlog.worker.store import archive, sessions
+from contextlog.worker.store.projection import rounds
 from tests.support.anthropic_rules import check_messages
 
 AT = dt.datetime(2026, 11, 22, 23, 30, tzinfo=dt.timezone(dt.timedelta(hours=-3)))

@@ -13,8 +13,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from contextlog.schema.events import MAX_TEXT
-from contextlog.worker.deadline import Deadlines
-from contextlog.worker.summarize import (
+from contextlog.worker.tasks.deadline import Deadlines
+from contextlog.worker.tasks.summarize import (
     FAILED_TEXT,
     TRUNCATED,
     AnthropicSummarizer,

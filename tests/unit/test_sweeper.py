@@ -9,9 +9,9 @@ import fakeredis
 import pytest
 from prometheus_client import REGISTRY
 
-from contextlog.worker.clock import FakeClock
-from contextlog.worker.rqworker import dead_because
-from contextlog.worker.sweeper import BEAT_S, Heartbeat, Loop, heartbeat_key
+from contextlog.worker.app.clock import FakeClock
+from contextlog.worker.tasks.rqworker import dead_because
+from contextlog.worker.tasks.sweeper import BEAT_S, Heartbeat, Loop, heartbeat_key
 
 
 @pytest.fixture
@@ -150,7 +150,7 @@ def test_jobs_a_dead_namesake_had_started_are_queued_again_at_takeover() -> None
     from rq import Queue, SimpleWorker
     from rq.job import JobStatus
 
-    from contextlog.worker.rqworker import ContextlogWorker
+    from contextlog.worker.tasks.rqworker import ContextlogWorker
 
     r = fakeredis.FakeRedis()
     q = Queue("summaries", connection=r)

@@ -22,7 +22,7 @@ from rq.job import JobStatus
 from rq.scheduler import RQScheduler
 
 from contextlog.schema.errors import ConfigError
-from contextlog.worker.sweeper import heartbeat_key, pid_namespace
+from contextlog.worker.tasks.sweeper import heartbeat_key, pid_namespace
 
 log = structlog.get_logger("contextlog.rqworker")
 

@@ -20,8 +20,8 @@ from contextlog.schema import events as ev
 from contextlog.schema import notices as nt
 from contextlog.schema.defaults import ConversationDefaults
 from contextlog.schema.queries import query
-from contextlog.worker import sessions
-from contextlog.worker.effects import Effect, Notice, Summarize
+from contextlog.worker.effects.kinds import Effect, Notice, Summarize
+from contextlog.worker.store import sessions
 
 Cursor = psycopg.Cursor[TupleRow]
 T = TypeVar("T")

@@ -28,11 +28,12 @@ from contextlog.schema.errors import (
     StorageRefused,
     Unavailable,
 )
-from contextlog.worker import attachments, metrics
-from contextlog.worker.clock import Clock
-from contextlog.worker.config import Settings
-from contextlog.worker.eventlog import Accepted, EventLog
-from contextlog.worker.streams import REDIS_AWAY, Entry, Rejected, Streams, id_key
+from contextlog.worker.app import metrics
+from contextlog.worker.app.clock import Clock
+from contextlog.worker.app.config import Settings
+from contextlog.worker.ingest import attachments
+from contextlog.worker.ingest.streams import REDIS_AWAY, Entry, Rejected, Streams, id_key
+from contextlog.worker.store.eventlog import Accepted, EventLog
 
 log = structlog.get_logger("contextlog.ingest")
 

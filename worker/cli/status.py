@@ -15,12 +15,12 @@ from rq.worker_registration import REDIS_WORKER_KEYS
 
 from contextlog.schema import keys
 from contextlog.schema.queries import query
-from contextlog.worker import deadletters
-from contextlog.worker.jobs import SUMMARIES
-from contextlog.worker.rqworker import dead_because
-from contextlog.worker.streams import entry_time_ms, id_key, recent_failures
-from contextlog.worker.sweeper import BEAT_S, heartbeat_key, pid_namespace
-from contextlog.worker.timers import IDLE
+from contextlog.worker.ingest import deadletters
+from contextlog.worker.ingest.streams import entry_time_ms, id_key, recent_failures
+from contextlog.worker.tasks.jobs import SUMMARIES
+from contextlog.worker.tasks.rqworker import dead_because
+from contextlog.worker.tasks.sweeper import BEAT_S, heartbeat_key, pid_namespace
+from contextlog.worker.tasks.timers import IDLE
 
 
 def _queue(client: redis.Redis, name: str, now: dt.datetime) -> QueueStatus:

@@ -21,8 +21,8 @@ import redis
 import structlog
 from redis.typing import EncodableT, FieldT
 
-from contextlog.worker import metrics
-from contextlog.worker.clock import Clock
+from contextlog.worker.app import metrics
+from contextlog.worker.app.clock import Clock
 
 log = structlog.get_logger("contextlog.sweeper")
 

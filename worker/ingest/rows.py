@@ -13,10 +13,10 @@ import msgspec
 from contextlog.producers.context import estimate_tokens
 from contextlog.schema import blocks
 from contextlog.schema import events as ev
-from contextlog.worker import projection
+from contextlog.worker.store import projection
 
 if TYPE_CHECKING:
-    from contextlog.worker.eventlog import Accepted
+    from contextlog.worker.store.eventlog import Accepted
 
 _encode_json: Final = msgspec.json.Encoder().encode
 

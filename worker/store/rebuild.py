@@ -12,10 +12,10 @@ from psycopg.rows import TupleRow
 from contextlog.schema import codec
 from contextlog.schema.defaults import ConversationDefaults
 from contextlog.schema.queries import query
-from contextlog.worker import projection
-from contextlog.worker.eventlog import REBUILD_LOCK
-from contextlog.worker.handlers import COMMANDS, handle
-from contextlog.worker.projection import CONFIGURE
+from contextlog.worker.store import projection
+from contextlog.worker.store.eventlog import REBUILD_LOCK
+from contextlog.worker.store.handlers import COMMANDS, handle
+from contextlog.worker.store.projection import CONFIGURE
 
 CHUNK = 20_000
 

@@ -24,19 +24,19 @@ from contextlog.producers.producer import Producer
 from contextlog.producers.reader import ContextReader
 from contextlog.schema import keys
 from contextlog.schema.errors import ConfigError, Unavailable
-from contextlog.worker import idle
-from contextlog.worker.clock import Clock, SystemClock
-from contextlog.worker.config import Settings
-from contextlog.worker.eventlog import EventLog, PostgresEventLog, bound_waits
-from contextlog.worker.ingest import Ingest
-from contextlog.worker.jobs import SUMMARIES, Jobs
-from contextlog.worker.migrations import migrate
-from contextlog.worker.notify import RedisNotifier
-from contextlog.worker.relay import Relay
-from contextlog.worker.rqworker import ContextlogWorker
-from contextlog.worker.streams import Streams
-from contextlog.worker.sweeper import Heartbeat, Loop
-from contextlog.worker.timers import IDLE, Timers
+from contextlog.worker.app.clock import Clock, SystemClock
+from contextlog.worker.app.config import Settings
+from contextlog.worker.effects.notify import RedisNotifier
+from contextlog.worker.effects.relay import Relay
+from contextlog.worker.ingest.loop import Ingest
+from contextlog.worker.ingest.streams import Streams
+from contextlog.worker.store.eventlog import EventLog, PostgresEventLog, bound_waits
+from contextlog.worker.store.migrations import migrate
+from contextlog.worker.tasks import idle
+from contextlog.worker.tasks.jobs import SUMMARIES, Jobs
+from contextlog.worker.tasks.rqworker import ContextlogWorker
+from contextlog.worker.tasks.sweeper import Heartbeat, Loop
+from contextlog.worker.tasks.timers import IDLE, Timers
 
 PgConn = psycopg.Connection[TupleRow]
 
@@ -46,7 +46,7 @@ INGEST_GC_THRESHOLD = 50_000
 log = structlog.get_logger("contextlog.bootstrap")
 
 if TYPE_CHECKING:
-    from contextlog.worker.summarize import Summarizer
+    from contextlog.worker.tasks.summarize import Summarizer
 
 
 def redis_client(settings: Settings) -> SyncClient:
@@ -118,8 +118,8 @@ class Resources:
 def summarizer(settings: Settings) -> Summarizer:
     """The Anthropic summarizer when ANTHROPIC_API_KEY is set, the local one otherwise."""
     # Imported here: `anthropic` takes ~0.8 s to import, and ingest never needs it.
-    from contextlog.worker.deadline import Deadlines
-    from contextlog.worker.summarize import AnthropicSummarizer, LocalSummarizer, make_client
+    from contextlog.worker.tasks.deadline import Deadlines
+    from contextlog.worker.tasks.summarize import AnthropicSummarizer, LocalSummarizer, make_client
 
     if not settings.anthropic_api_key:
         return LocalSummarizer()

@@ -6,13 +6,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from contextlog.schema import notices as nt
-from contextlog.worker.clock import Clock, SystemClock
-from contextlog.worker.effects import Arm, Compact, Effect, Notice, Summarize
-from contextlog.worker.notify import Notifier
+from contextlog.worker.app.clock import Clock, SystemClock
+from contextlog.worker.effects.kinds import Arm, Compact, Effect, Notice, Summarize
+from contextlog.worker.effects.notify import Notifier
 
 if TYPE_CHECKING:
-    from contextlog.worker.jobs import Jobs
-    from contextlog.worker.timers import Timers
+    from contextlog.worker.tasks.jobs import Jobs
+    from contextlog.worker.tasks.timers import Timers
 
 
 class Relay:

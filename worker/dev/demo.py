@@ -17,9 +17,10 @@ from rich.table import Table
 
 from contextlog.producers import ContextReader, Producer
 from contextlog.schema import codec, keys
-from contextlog.worker import bootstrap, deadletters
-from contextlog.worker.clock import SystemClock
-from contextlog.worker.config import Settings
+from contextlog.worker.app import bootstrap
+from contextlog.worker.app.clock import SystemClock
+from contextlog.worker.app.config import Settings
+from contextlog.worker.ingest import deadletters
 
 AGENT = "demo-agent"
 WAIT_SECONDS = 30.0
@@ -103,7 +104,9 @@ def run(settings: Settings, console: Console) -> int:
     bootstrap.run_migrations(settings)
     console.print("[bold]2.[/bold] start [cyan]contextlog ingest[/cyan] in its own process")
     env = {**os.environ, "CONTEXTLOG_LOG_LEVEL": "warning"}
-    ingest = subprocess.Popen([sys.executable, "-m", "contextlog.worker.cli", "ingest"], env=env)
+    ingest = subprocess.Popen(
+        [sys.executable, "-m", "contextlog.worker.cli.main", "ingest"], env=env
+    )
     try:
         return _show(settings, console, ingest)
     finally:

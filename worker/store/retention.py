@@ -27,7 +27,7 @@ from psycopg.rows import TupleRow
 
 from contextlog.schema.errors import Refused
 from contextlog.schema.queries import query
-from contextlog.worker.eventlog import REBUILD_LOCK
+from contextlog.worker.store.eventlog import REBUILD_LOCK
 
 ARCHIVE_PREFIX: Final = "retired-"
 RESTORE_CHUNK: Final = 5_000

@@ -19,8 +19,8 @@ from contextlog.producers.context import Context
 from contextlog.producers.notifications import Notifications
 from contextlog.schema.errors import ContextlogError
 from contextlog.schema.notices import Notice
-from contextlog.worker import cli_common
-from contextlog.worker.config import Settings
+from contextlog.worker.app.config import Settings
+from contextlog.worker.cli import common as cli_common
 
 SOURCE = "chat"
 HELP = """commands:

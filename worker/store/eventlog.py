@@ -21,12 +21,13 @@ from contextlog.schema import events as ev
 from contextlog.schema.defaults import ConversationDefaults
 from contextlog.schema.errors import Conflict, Fenced, ShardBusy, StorageRefused, Unavailable
 from contextlog.schema.queries import query
-from contextlog.worker import attachments, projection
-from contextlog.worker.effects import Arm, Compact, Effect
-from contextlog.worker.handlers import COMMANDS, handle
-from contextlog.worker.outbox import Outbox
-from contextlog.worker.relay import Relay
-from contextlog.worker.rows import CopyText, guard_key, insert_params, row_of, unique
+from contextlog.worker.effects.kinds import Arm, Compact, Effect
+from contextlog.worker.effects.outbox import Outbox
+from contextlog.worker.effects.relay import Relay
+from contextlog.worker.ingest import attachments
+from contextlog.worker.ingest.rows import CopyText, guard_key, insert_params, row_of, unique
+from contextlog.worker.store import projection
+from contextlog.worker.store.handlers import COMMANDS, handle
 
 # The event id guard: the partitioned table's constraint and its partitions' (a unique
 # violation names the partition's), as migration 007 names them.

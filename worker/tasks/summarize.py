@@ -13,7 +13,7 @@ import structlog
 from rq.timeouts import JobTimeoutException
 
 from contextlog.schema.events import MAX_TEXT
-from contextlog.worker.deadline import Deadlines, transport
+from contextlog.worker.tasks.deadline import Deadlines, transport
 
 FAILED_TEXT = "(summary generation failed)"
 LOCAL_PREFIX = "[local summary]"

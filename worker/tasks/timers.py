@@ -37,7 +37,7 @@ STUCK_S: Final = 10.0  # an idle check running this long is taken for dead
 KEEP_MS: Final = 3_600_000  # a timer outlives its deadline by this, then Redis drops it
 PART: Final = 500  # timers one job checks (one Postgres query, one Redis pipeline)
 _LIVE: Final = (JobStatus.SCHEDULED, JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED)
-_JOBS: Final = "contextlog.worker.jobs"
+_JOBS: Final = "contextlog.worker.tasks.jobs"
 
 Conversation = tuple[str, str]
 

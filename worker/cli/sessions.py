@@ -14,10 +14,12 @@ from rich.table import Table
 from contextlog.producers.notifications import Notifications
 from contextlog.schema.errors import ConfigError
 from contextlog.schema.notices import Notice
-from contextlog.worker import archive, bootstrap, cli_common, metrics
-from contextlog.worker.cli_common import console, positive
-from contextlog.worker.clock import SystemClock
-from contextlog.worker.config import Settings
+from contextlog.worker.app import bootstrap, metrics
+from contextlog.worker.app.clock import SystemClock
+from contextlog.worker.app.config import Settings
+from contextlog.worker.cli import common as cli_common
+from contextlog.worker.cli.common import console, positive
+from contextlog.worker.store import archive
 
 
 def cmd_sessions(settings: Settings, args: argparse.Namespace) -> int:
@@ -168,7 +170,7 @@ def cmd_dashboard(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_chat(settings: Settings, args: argparse.Namespace) -> int:
     """A terminal chat client on `producers`: messages, /context commands, notifications."""
-    from contextlog.worker import chat
+    from contextlog.worker.dev import chat
 
     return chat.run(settings, args.agent, args.channel)
 

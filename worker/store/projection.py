@@ -18,7 +18,7 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from contextlog.schema.queries import query
-from contextlog.worker.sessions import COMPACT_AT
+from contextlog.worker.store.sessions import COMPACT_AT
 
 MESSAGE = "message.v1"
 CLEAR = "clear.v1"

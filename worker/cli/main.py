@@ -23,16 +23,12 @@ from rich.text import Text
 from contextlog.producers.commands import parse_duration
 from contextlog.schema import codec
 from contextlog.schema.errors import ContextlogError, EventRejected, Unavailable
-from contextlog.worker import (
-    bootstrap,
-    cli_common,
-    cli_sessions,
-    deadletters,
-    logs,
-    metrics,
-    retention,
-)
-from contextlog.worker.cli_common import (
+from contextlog.worker.app import bootstrap, logs, metrics
+from contextlog.worker.app.clock import SystemClock
+from contextlog.worker.app.config import Settings
+from contextlog.worker.cli import common as cli_common
+from contextlog.worker.cli import sessions as cli_sessions
+from contextlog.worker.cli.common import (
     EXIT_ERROR,
     EXIT_UNAVAILABLE,
     EXIT_UNHEALTHY,
@@ -42,12 +38,12 @@ from contextlog.worker.cli_common import (
     one_line,
     positive,
 )
-from contextlog.worker.cli_sessions import add_metrics_options
-from contextlog.worker.clock import SystemClock
-from contextlog.worker.config import Settings
-from contextlog.worker.migrations import migrate
-from contextlog.worker.rebuild import rebuild
-from contextlog.worker.status import Status, gather
+from contextlog.worker.cli.sessions import add_metrics_options
+from contextlog.worker.cli.status import Status, gather
+from contextlog.worker.ingest import deadletters
+from contextlog.worker.store import retention
+from contextlog.worker.store.migrations import migrate
+from contextlog.worker.store.rebuild import rebuild
 
 __all__ = ["EXIT_ERROR", "EXIT_UNAVAILABLE", "EXIT_UNHEALTHY", "main", "parser"]
 
@@ -314,7 +310,7 @@ def cmd_retire(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     """Run the scripted demo."""
-    from contextlog.worker.demo import run
+    from contextlog.worker.dev.demo import run
 
     result: int = run(settings, Console())  # the demo's own text uses markup
     return result

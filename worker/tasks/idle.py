@@ -23,12 +23,12 @@ import structlog
 from contextlog.producers.ids import derived_id
 from contextlog.schema import events as ev
 from contextlog.schema.queries import query
-from contextlog.worker import metrics
-from contextlog.worker.timers import PART, Conversation, Timers
+from contextlog.worker.app import metrics
+from contextlog.worker.tasks.timers import PART, Conversation, Timers
 
 if TYPE_CHECKING:
     from contextlog.producers.reader import ContextReader
-    from contextlog.worker.bootstrap import Resources
+    from contextlog.worker.app.bootstrap import Resources
 
 log = structlog.get_logger("contextlog.idle")
 

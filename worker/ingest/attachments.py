@@ -24,10 +24,10 @@ from psycopg.rows import TupleRow
 from contextlog.schema import attachments, codec, keys
 from contextlog.schema import events as ev
 from contextlog.schema.queries import query
-from contextlog.worker.streams import Rejected
+from contextlog.worker.ingest.streams import Rejected
 
 if TYPE_CHECKING:  # eventlog calls `insert`: imported for types only, no cycle
-    from contextlog.worker.eventlog import Accepted, EventLog
+    from contextlog.worker.store.eventlog import Accepted, EventLog
 
 # Attachment bytes one transaction brings at most (a batch of many large attachments is
 # stored in several transactions, in order), so ingest's memory stays bounded.

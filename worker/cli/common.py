@@ -14,7 +14,7 @@ from rich.console import Console
 from contextlog.producers import ContextReader, Producer, connection
 from contextlog.producers.connection import SyncClient
 from contextlog.schema.errors import Unavailable
-from contextlog.worker.config import Settings
+from contextlog.worker.app.config import Settings
 
 EXIT_UNHEALTHY: Final = 1
 EXIT_ERROR: Final = 2  # bad input, bad configuration, a refused request

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from contextlog.schema import keys
-from contextlog.worker.streams import Fields, id_key
+from contextlog.worker.ingest.streams import Fields, id_key
 
 
 class Letter(NamedTuple):

@@ -1,0 +1,1 @@
+"""The composition root and what every process shares: settings, clock, logs, metrics."""

@@ -1,0 +1,1 @@
+"""The `contextlog` command line."""

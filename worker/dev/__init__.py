@@ -1,0 +1,1 @@
+"""Developer tooling: embedded servers, `make run`, the demo and the terminal chat."""

@@ -1,0 +1,1 @@
+"""The ingest engine: shard leases, stream reads, batches, dead letters."""
