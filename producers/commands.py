@@ -6,7 +6,7 @@ import datetime as dt
 import math
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import msgspec
@@ -155,7 +155,9 @@ class Commands(ABC, Generic[R]):
         external_id: str | None = None,
         occurred_at: dt.datetime | None = None,
     ) -> R:
-        """A user or assistant message; `content` is a string or Anthropic content blocks."""
+        """A message: `role` is "user", "assistant" or "system" (a mid-conversation system
+        message, text only); `content` is a string or Anthropic content blocks, kept as
+        posted (an assistant turn exactly as the API returned it, thinking included)."""
         fields = self._common(
             agent,
             channel,
@@ -214,6 +216,34 @@ class Commands(ABC, Generic[R]):
                 rolling_window=_seconds("rolling_window", rolling_window),
                 idle_timeout=_seconds("idle_timeout", idle_timeout),
                 token_budget=token_budget,
+                **self._common(agent, channel, opts),
+            )
+        )
+
+    def set_frame(
+        self,
+        agent: str,
+        channel: str,
+        *,
+        model: str,
+        system: str | Sequence[Any] | None = None,
+        tools: Sequence[Any] | None = None,
+        thinking: Mapping[str, Any] | None = None,
+        **opts: Any,
+    ) -> R:
+        """Register the bot's own request frame for this conversation: the model, and the
+        top-level `system`, `tools` and `thinking` it sends with every request, exactly as
+        sent. The worker compacts with them; sending a changed system or tool list is a
+        boundary (the thinking of earlier turns no longer matches its prefix and is
+        removed from the kept turns)."""
+        return self._send(
+            ev.FrameSet(
+                model=model,
+                system=None if system is None else _content(system),
+                tools=None if tools is None else list(tools),
+                thinking=ev.NULL
+                if thinking is None
+                else msgspec.Raw(msgspec.json.encode(thinking)),
                 **self._common(agent, channel, opts),
             )
         )

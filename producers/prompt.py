@@ -1,19 +1,21 @@
-"""The request an adapter sends: its own tools and system prompt, our preamble, the
+"""The request an adapter sends: its own tools and system prompt, our header, the
 context's messages, and (opt-in) prompt-cache breakpoints.
 
 The API caches the prefix tools -> system -> messages up to a block marked with
-`cache_control` (at most four per request; a prefix under the model's minimum, 1,024 or
-2,048 tokens, is simply not cached). The context is built so that this prefix changes
-rarely (DESIGN invariant 9); the breakpoints placed here let the API reuse it:
+`cache_control` (at most four per request; a prefix under the model's minimum, 512 to
+4,096 tokens by model, is simply not cached). The context only grows at its end between
+boundaries (docs/context.md), so this prefix changes rarely; the breakpoints placed
+here let the API reuse it:
 
-1. the newest turn's last block: the whole request is written to the cache, and the
-   next request (the same turns plus new ones) reads it;
+1. the newest message's last block: the whole request is written to the cache, and the
+   next request (the same messages plus new ones) reads it;
 2. the end of the bot's own system prompt (or tools): stable for the bot's lifetime,
-   it survives a change of our preamble or a trim of the messages;
-3. the user turn before the newest one: where the previous request (read before the
-   last answer) ended and wrote its cache entry, so the hit does not depend on the
-   API's 20-block look-back from breakpoint 1;
-4. our preamble: a restored session's or compaction's summary, stable between them.
+   it survives a new header or a boundary's cut of the messages;
+3. the last message before the newest assistant turn: where the previous request (the
+   one that answer came from) ended and wrote its cache entry, so the hit does not
+   depend on the API's 20-block look-back from breakpoint 1;
+4. our header: a restored session's or our compaction's summary, stable between
+   boundaries.
 
 Breakpoints the adapter set itself on its tools or system count against the four; ours
 fill what is left, in that order of priority. A block that cannot carry one (thinking,
@@ -81,7 +83,7 @@ def _mark(
 ) -> None:
     """Place breakpoints in priority order until four are used (the adapter's count)."""
     left = MAX_BREAKPOINTS - _count(tools) - _count(system)
-    user_turns = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    answers = [i for i, m in enumerate(messages[:-1]) if m["role"] == "assistant"]
     wanted: list[tuple[str, int]] = []
     if messages:
         wanted.append(("message", len(messages) - 1))
@@ -89,8 +91,8 @@ def _mark(
         wanted.append(("system", len(own) - 1))
     elif tools:
         wanted.append(("tool", len(tools) - 1))
-    if len(user_turns) > 1:
-        wanted.append(("message", user_turns[-2]))
+    if answers and answers[-1] > 0:
+        wanted.append(("message", answers[-1] - 1))
     if len(system) > len(own):
         wanted.append(("system", len(system) - 1))
     for where, i in wanted:

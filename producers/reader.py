@@ -14,7 +14,14 @@ import psycopg.types.json
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from contextlog.producers import attachments
-from contextlog.producers.context import Context, StoredMessage, build_context, clean_start
+from contextlog.producers.context import (
+    Context,
+    Frame,
+    Segment,
+    StoredMessage,
+    SystemMessages,
+    build_context,
+)
 from contextlog.producers.history import (
     PER_PAGE,
     SessionInfo,
@@ -37,128 +44,80 @@ from contextlog.producers.replica import (
     afetch_sent,
     fetch_sent,
 )
-from contextlog.producers.tails import NO_HINT, Known, Row, Tails, fill
+from contextlog.producers.tails import CONTENT, NO_HINT, SEQ, STATE_SEQ, Row, Tail, Tails
 from contextlog.schema.defaults import ConversationDefaults
 from contextlog.schema.errors import NotVisible, Unavailable
 from contextlog.schema.queries import query
 
 T = TypeVar("T")
-Parts = tuple["ConversationState | None", list[Row], list[tuple[Any, ...]]]
-_content = msgspec.json.Decoder()  # a window row's content, sent as JSON text
-
-
-@dataclass(frozen=True)
-class ConversationState:
-    """The projection row of a conversation (settings None: the deployment default)."""
-
-    cleared_seq: int = 0
-    cleared_at: dt.datetime | None = None
-    rolling_window: int | None = None
-    idle_timeout: int | None = None
-    token_budget: int | None = None
-    last_activity_at: dt.datetime | None = None
-    restored_session: str | None = None  # while its restore is within the window
-    restored_saved_at: dt.datetime | None = None
-    restored_summary: str | None = None
-    compaction_summary: str | None = None  # of this thread's older, compacted part
-
-
-@dataclass(frozen=True)
-class Window:
-    """Where a conversation's window starts and the token budget it must fit."""
-
-    start: dt.datetime
-    budget: int
-
-
-def plan(
-    state: ConversationState | None, defaults: ConversationDefaults, now: dt.datetime
-) -> Window:
-    """The window starts at max(last clear, rolling cut-off); the window query computes
-    the same cut-off in SQL to select the rows."""
-    state = state or ConversationState()
-    cutoff = rolling_cutoff(now, state.rolling_window or defaults.rolling_window)
-    start = max(cutoff, state.cleared_at) if state.cleared_at else cutoff
-    return Window(start, state.token_budget or defaults.token_budget)
-
-
-def rolling_cutoff(now: dt.datetime, window: int) -> dt.datetime:
-    """now - window, floored to a step of 1/24 of the window: the window's edge moves
-    once a step, not with every read, so the context's first turns (the prompt cache's
-    prefix) stay put in between (the `window_messages` query floors the same way)."""
-    step = max(1, window // 24)
-    edge = (now - dt.timedelta(seconds=window)).timestamp()
-    return dt.datetime.fromtimestamp(edge // step * step, dt.UTC)
-
-
-def preamble(
-    state: ConversationState | None, threads: Sequence[tuple[str, int, dt.datetime]]
-) -> str | None:
-    """The system text: a resumed session and its summary, the summary of the compacted
-    older part, the conversation's other active threads (names only, sorted: counts and
-    activity times would change the text, and so the prompt cache's prefix, every turn)."""
-    parts = []
-    if state is not None and state.restored_session:
-        saved = state.restored_saved_at
-        when = f" (saved {saved:%Y-%m-%d %H:%M UTC})" if saved else ""
-        summary = state.restored_summary or "(its summary is still being written)"
-        parts.append(
-            f"Resumed saved session {state.restored_session}{when}. Its summary: {summary}"
-        )
-    if state is not None and state.compaction_summary:
-        parts.append(
-            f"Summary of the earlier part of this conversation: {state.compaction_summary}"
-        )
-    if threads:
-        lines = ["Other active threads in this conversation:"]
-        for name, _count, _last in sorted(threads):
-            lines.append("- main line" if name == "" else f"- thread {name}")
-        parts.append("\n".join(lines))
-    return "\n\n".join(parts) or None
+# What a read of a thread returns: its segment's state (None: no messages yet) and rows.
+Parts = tuple[dict[str, Any] | None, list[Row]]
+_content = msgspec.json.Decoder()  # a row's content, sent as JSON text
 
 
 def stored(rows: Sequence[Row]) -> list[StoredMessage]:
-    """Window rows (seq, occurred_at, tokens, role, content as JSON text, ...) as messages,
-    decoded afresh: no two reads share a block."""
-    return [StoredMessage(r[0], r[3], _content.decode(r[4]), r[2], r[1]) for r in rows]
+    """Message rows (seq, tokens, role, content as JSON text, ...) as messages, decoded
+    afresh: no two reads share a block."""
+    return [StoredMessage(r[0], r[2], _content.decode(r[3]), r[1]) for r in rows]
 
 
-def assemble(
-    state: ConversationState | None,
-    q: Window,
-    rows: Sequence[tuple[Any, ...]],
-    threads: Sequence[tuple[str, int, dt.datetime]],
-) -> Context:
-    """The context from the fetched rows (seq, occurred_at, tokens, role, content)."""
-    system = preamble(state, threads)
-    compacted = state is not None and bool(state.compaction_summary)
+def segment_of(state: dict[str, Any]) -> Segment:
+    """A segment's state as `segment_messages` sends it."""
+    at = state.get("seg_at")
+    return Segment(
+        boundaries=int(state["boundaries"]),
+        start=int(state["seg_start"]),
+        strip_through=int(state["strip_through"]),
+        note=state.get("note"),
+        summary=state.get("summary"),
+        threads=tuple(state.get("threads") or ()),
+        block=state.get("block"),
+        boundary=state.get("boundary"),
+        boundary_seq=state.get("boundary_seq"),
+        budget=int(state["budget"]),
+        start_at=dt.datetime.fromisoformat(at) if at else None,
+    )
+
+
+def frame_of(state: dict[str, Any]) -> Frame | None:
+    """The bot's registered frame, if any."""
+    frame = state.get("frame")
+    if not frame:
+        return None
+    return Frame(frame["model"], frame.get("system"), frame.get("tools"), frame.get("thinking"))
+
+
+@dataclass(frozen=True)
+class SegmentRead:
+    """A thread's context with what it was built from: for a compaction job."""
+
+    context: Context
+    messages: list[StoredMessage]
+    segment: Segment | None
+
+
+def assemble(parts: Parts, system_messages: SystemMessages = "keep") -> Context:
+    """The context of a thread from what its read returned."""
+    state, rows = parts
+    if state is None:
+        return build_context([], None, system_messages=system_messages)
     return build_context(
         stored(rows),
-        budget=q.budget,
-        system=system,
-        window_start=q.start,
-        compacted=compacted,
-        before=[r[5] for r in rows] or None,
+        segment_of(state),
+        system_messages=system_messages,
+        frame=frame_of(state),
+        last_seq=int(state["last_seq"]),
     )
 
 
-def complete(rows: Sequence[Row]) -> bool:
-    """Whether the bounded fetch holds a turn to start at (a user message answering no
-    tool call); if not (the newest exchange alone passes the coarse cut, or a tool
-    cycle spans it), the reader fetches the whole window instead: rare, and correct."""
-    return not rows or any(
-        r[3] == "user" and clean_start(r[3], _content.decode(r[4])) for r in rows
-    )
+def _segment_read(parts: Parts, system_messages: SystemMessages) -> SegmentRead:
+    state, rows = parts
+    segment = None if state is None else segment_of(state)
+    return SegmentRead(assemble(parts, system_messages), stored(rows), segment)
 
 
-def _state(row: tuple[Any, ...] | None) -> ConversationState | None:
-    return None if row is None else ConversationState(*row)
-
-
-# psycopg prepares a statement run 5 times; Postgres would still plan the window query
-# afresh for each read (its estimates favour custom plans), ~0.6 ms of a ~1.5 ms read.
-# The query fixes its own plan's shape (MATERIALIZED, OFFSET 0, LIMIT 1), so the plan
-# made once per connection serves every read.
+# psycopg prepares a statement run 5 times; a generic plan serves every read (the query
+# fixes its own plan's shape: OFFSET 0, the range as subqueries).
 _ONE_PLAN = "SET plan_cache_mode = force_generic_plan"
 
 
@@ -181,130 +140,82 @@ def _cut_short(event_id: str, timeout: float, error: psycopg.Error) -> NotVisibl
     )
 
 
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
-def window_params(
-    agent: str,
-    channel: str,
-    thread: str | None,
-    now: dt.datetime,
-    defaults: ConversationDefaults,
-    *,
-    bounded: bool = False,
+def read_params(
+    agent: str, channel: str, thread: str | None, defaults: ConversationDefaults
 ) -> dict[str, Any]:
-    """Parameters of `window_messages`; `bounded`: fetch only the rows the budget's
-    coarse trim keeps (the reader), not the whole window (compaction). No tail hint:
-    `Tails.hint` adds one (producers/tails.py)."""
+    """Parameters of `segment_messages`, without a hint (`Tails.hint` adds one)."""
     return {
         "agent": agent,
         "channel": channel,
         "thread": thread or "",
-        "now": now,
-        "default_window": defaults.rolling_window,
         "default_budget": defaults.token_budget,
-        "bounded": bounded,
         **NO_HINT,
     }
 
 
-def _whole(params: dict[str, Any]) -> dict[str, Any]:
-    """The parameters that fetch the whole window: not cut, not from a hint."""
-    return {**params, "bounded": False, **NO_HINT}
-
-
-def window_query(params: dict[str, Any]) -> str:
-    """The read of a thread's window: from the reader's last read when it has one."""
-    return "window_messages" if params["hint_seq"] is None else "window_tail"
-
-
-def send_window(conn: Any, params: dict[str, Any], known: Known) -> Callable[[], Parts]:
-    """Send the three reads of a context (on a connection in pipeline mode, they travel
-    with whatever else is queued); returns how to collect them. `known`: the rows of the
-    thread's last read (`Tails.hint`), which come back without their payload."""
-    state_cur = conn.execute(query("conversation_state"), params)
-    rows_cur = conn.cursor().execute(query(window_query(params)), params)
-    threads_cur = conn.cursor().execute(query("active_threads"), params)
-
-    def collect() -> Parts:
-        state = _state(state_cur.fetchone())
-        got, threads = rows_cur.fetchall(), threads_cur.fetchall()
-        if not got and known:  # a stale hint: the window from its start
-            got = conn.execute(query("window_messages"), {**params, **NO_HINT}).fetchall()
-        rows = fill(got, known)
-        if rows is None or not complete(rows):  # no turn to start at in the bounded fetch
-            rows = conn.execute(query("window_messages"), _whole(params)).fetchall()
-        return state, rows, threads
-
-    return collect
-
-
-async def asend_window(
-    conn: Any, params: dict[str, Any], known: Known
-) -> Callable[[], Awaitable[Parts]]:
-    """`send_window` on an asyncio connection."""
-    state_cur = await conn.execute(query("conversation_state"), params)
-    rows_cur = await conn.cursor().execute(query(window_query(params)), params)
-    threads_cur = await conn.cursor().execute(query("active_threads"), params)
-
-    async def collect() -> Parts:
-        state = _state(await state_cur.fetchone())
-        got, threads = await rows_cur.fetchall(), await threads_cur.fetchall()
-        if not got and known:  # a stale hint: the window from its start
-            cur = await conn.execute(query("window_messages"), {**params, **NO_HINT})
-            got = await cur.fetchall()
-        rows = fill(got, known)
-        if rows is None or not complete(rows):
-            cur = await conn.execute(query("window_messages"), _whole(params))
-            rows = await cur.fetchall()
-        return state, rows, threads
-
-    return collect
+def _parts(rows: list[Row], tail: Tail | None) -> Parts | None:
+    """The state and all rows of a segment from a read's answer (`tail`: the last read,
+    which a hinted read goes on from); None when the hint was stale."""
+    if not rows or rows[0][SEQ] != STATE_SEQ:
+        return None if tail is not None else (None, [])
+    state = _content.decode(rows[0][CONTENT])
+    return state, [*(tail.rows if tail else ()), *rows[1:]]
 
 
 class ThreadRead:
-    """One context read of a thread at `now`: its parameters are taken from the tails
-    when it is sent (a read sent twice, as `wait_for` may, uses what the first learned),
-    and what it returned is learned when it is collected."""
+    """One context read of a thread: from the reader's last read of it while the thread
+    crossed no boundary since (`Tails`), the whole segment otherwise; what it returned is
+    learned when it is collected."""
 
     def __init__(self, tails: Tails, params: dict[str, Any]) -> None:
         self.tails = tails
         self.params = params  # without a hint
 
     def send(self, conn: Any) -> Callable[[], Parts]:
-        """`send_window` with the thread's hint and known rows."""
-        params, known = self.tails.hint(self.params)
-        collect = send_window(conn, params, known)
+        """Queue the read (on a connection in pipeline mode, it travels with whatever
+        else is queued); returns how to collect it."""
+        params, tail = self.tails.hint(self.params)
+        cur = conn.cursor().execute(query("segment_messages"), params)
 
-        def learned() -> Parts:
-            parts = collect()
-            self.tails.learn(self.params, parts[1])
-            return parts
+        def collect() -> Parts:
+            got = _parts(cur.fetchall(), tail)
+            if got is None:  # a boundary since the last read: the segment afresh
+                fresh = conn.execute(query("segment_messages"), self.params).fetchall()
+                got = _parts(fresh, None)
+                assert got is not None
+            return self._learned(got)
 
-        return learned
+        return collect
 
     def fetch(self, conn: Any) -> Parts:
-        """The conversation's state, window rows and other threads: one round trip
-        (pipeline mode), a second one only when the bounded fetch holds no turn to
-        start at."""
+        """The thread's segment and rows: one round trip (a second one only when the
+        thread crossed a boundary since the last read)."""
         return fetch_sent(conn, self.send)
 
     async def asend(self, conn: Any) -> Callable[[], Awaitable[Parts]]:
         """`send` on an asyncio connection."""
-        params, known = self.tails.hint(self.params)
-        collect = await asend_window(conn, params, known)
+        params, tail = self.tails.hint(self.params)
+        cur = await conn.cursor().execute(query("segment_messages"), params)
 
-        async def learned() -> Parts:
-            parts = await collect()
-            self.tails.learn(self.params, parts[1])
-            return parts
+        async def collect() -> Parts:
+            got = _parts(await cur.fetchall(), tail)
+            if got is None:
+                fresh = await conn.execute(query("segment_messages"), self.params)
+                got = _parts(await fresh.fetchall(), None)
+                assert got is not None
+            return self._learned(got)
 
-        return learned
+        return collect
 
     async def afetch(self, conn: Any) -> Parts:
         """`fetch` on an asyncio connection."""
         return await afetch_sent(conn, self.asend)
+
+    def _learned(self, parts: Parts) -> Parts:
+        state, rows = parts
+        if state is not None:
+            self.tails.learn(self.params, state, rows)
+        return parts
 
 
 def _policy(max_replica_lag: float, replica_wait: float) -> Policy:
@@ -316,11 +227,13 @@ class _Reader:
         self,
         *,
         defaults: ConversationDefaults | None = None,
-        clock: Callable[[], dt.datetime] = _now,
+        system_messages: SystemMessages = "keep",
     ) -> None:
         # The reader's one look at the environment: deployment-wide setting defaults.
         self.defaults = defaults or ConversationDefaults.from_env(os.environ)
-        self.clock = clock
+        # "fold": system messages as text in the user turn they follow, for models and
+        # platforms that refuse the role in `messages` (docs/context.md).
+        self.system_messages: SystemMessages = system_messages
         self.attachments = attachments.Cache()  # base64 of recently read attachments
         self.tails = Tails()  # where each thread's last read started
         self.replica: Replica | AsyncReplica | None = None
@@ -331,15 +244,11 @@ class _Reader:
         reason (lagging, behind, down, error); empty without a replica."""
         return {} if self.replica is None else self.replica.routing.snapshot()
 
-    def _thread_read(
-        self, agent: str, channel: str, thread: str | None, now: dt.datetime
-    ) -> ThreadRead:
-        params = window_params(agent, channel, thread, now, self.defaults, bounded=True)
-        return ThreadRead(self.tails, params)
+    def _thread_read(self, agent: str, channel: str, thread: str | None) -> ThreadRead:
+        return ThreadRead(self.tails, read_params(agent, channel, thread, self.defaults))
 
-    def _context(self, parts: Parts, now: dt.datetime) -> Context:
-        state, rows, threads = parts
-        return assemble(state, plan(state, self.defaults, now), rows, threads)
+    def _context(self, parts: Parts, system_messages: SystemMessages | None) -> Context:
+        return assemble(parts, system_messages or self.system_messages)
 
 
 # Connections are opened on first use (never at import or construction time).
@@ -398,11 +307,12 @@ class ContextReader(_Reader):
         *,
         wait_for: str | None = None,
         timeout: float = 2.0,
-        now: dt.datetime | None = None,
+        system_messages: SystemMessages | None = None,
     ) -> Context:
-        """The context of one thread (or the main line), valid for the Messages API."""
-        now = now or self.clock()
-        read = self._thread_read(agent, channel, thread, now)
+        """The context of one thread (or the main line), valid for the Messages API;
+        `wait_for`: an event id it must include (waiting up to `timeout` seconds for
+        ingest to store it); `system_messages`: the reader's setting for this read."""
+        read = self._thread_read(agent, channel, thread)
         if self.replica is None:
             with self.connection() as conn:
                 if wait_for is None:
@@ -411,15 +321,22 @@ class ContextReader(_Reader):
                     waited = self._wait(conn, wait_for, timeout, agent, channel, read.send)
                     assert waited[1] is not None
                     parts = waited[1]
-            ctx = self._context(parts, now)
+            ctx = self._context(parts, system_messages)
             return attachments.attach(self.connection, ctx, self.attachments)
         lsn = None
         if wait_for is not None:  # on the primary: a standby cannot LISTEN
             with self.connection() as conn:
                 lsn = self._wait(conn, wait_for, timeout, agent, channel, look="await_event_at")[0]
         got = self.replica.read(read.send, lsn, self.connection)
-        ctx = replace(self._context(got.value, now), served_by=got.by)
+        ctx = replace(self._context(got.value, system_messages), served_by=got.by)
         return attachments.attach(got.connect, ctx, self.attachments)
+
+    def segment(self, agent: str, channel: str, thread: str | None = None) -> SegmentRead:
+        """A thread's context with its stored messages and segment, from the primary."""
+        read = self._thread_read(agent, channel, thread)
+        with self.connection() as conn:
+            parts = read.fetch(conn)
+        return _segment_read(parts, self.system_messages)
 
     def sessions(
         self, agent: str, channel: str | None = None, *, page: int = 1, per_page: int = PER_PAGE
@@ -542,12 +459,11 @@ class AsyncContextReader(_Reader):
         *,
         wait_for: str | None = None,
         timeout: float = 2.0,
-        now: dt.datetime | None = None,
+        system_messages: SystemMessages | None = None,
     ) -> Context:
-        """The context of one thread (or the main line), valid for the Messages API."""
+        """`ContextReader.context`, for asyncio."""
         if self.replica is None:
-            now = now or self.clock()
-            read = self._thread_read(agent, channel, thread, now)
+            read = self._thread_read(agent, channel, thread)
             async with await self._aconn() as conn:
                 if wait_for is None:
                     parts = await read.afetch(conn)
@@ -555,7 +471,7 @@ class AsyncContextReader(_Reader):
                     waited = await self._wait(conn, wait_for, timeout, agent, channel, read.asend)
                     assert waited[1] is not None
                     parts = waited[1]
-            ctx = self._context(parts, now)
+            ctx = self._context(parts, system_messages)
             return await attachments.aattach(self._aconn, ctx, self.attachments)
         lsn = None
         if wait_for is not None:  # on the primary: a standby cannot LISTEN
@@ -563,11 +479,17 @@ class AsyncContextReader(_Reader):
                 lsn = (
                     await self._wait(conn, wait_for, timeout, agent, channel, look="await_event_at")
                 )[0]
-        now = now or self.clock()
-        read = self._thread_read(agent, channel, thread, now)
+        read = self._thread_read(agent, channel, thread)
         got = await self.replica.read(read.asend, lsn, self._aconn)
-        ctx = replace(self._context(got.value, now), served_by=got.by)
+        ctx = replace(self._context(got.value, system_messages), served_by=got.by)
         return await attachments.aattach(got.connect, ctx, self.attachments)
+
+    async def segment(self, agent: str, channel: str, thread: str | None = None) -> SegmentRead:
+        """`ContextReader.segment`, for asyncio."""
+        read = self._thread_read(agent, channel, thread)
+        async with await self._aconn() as conn:
+            parts = await read.afetch(conn)
+        return _segment_read(parts, self.system_messages)
 
     async def sessions(
         self, agent: str, channel: str | None = None, *, page: int = 1, per_page: int = PER_PAGE

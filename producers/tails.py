@@ -1,48 +1,38 @@
 """What a reader remembers of each thread's last read, so the next one costs what changed.
 
-The `window_tail` query takes the tail hint of a reader's last read of a thread: the
-last row it returned (seq, event id, `before`: the tokens of the window ahead of it) and
-that read's window key. While the key holds, the query reads only from that row on: the
-hint's row comes back without its payload, the new rows with theirs, and every row says
-where the budget's cut is now (`at`). The rows ahead of the hint that the cut keeps are
-the last read's: the reader keeps them here (`fill`). A read costs what changed.
-
-The query checks the hint against the window's definition and the event stored at its
-seq, and returns nothing for a stale one (the reader then reads the window with
-`window_messages`), so a hint is never wrong, only useless. Rows are kept as
-the query sent them (content as JSON text) and decoded afresh for every read: a caller
-that edits a context's blocks changes nothing here.
+A thread's context only grows at its end between two boundaries (docs/context.md), so a
+reader that read it once needs only what was logged since: `segment_messages` takes the
+boundary count of the reader's last read and the log position it read up to, and
+answers with the segment's state and the rows after that position, or with nothing at
+all once the thread crossed a boundary (the reader then reads the segment afresh). Rows
+are kept as the query sent them (content as JSON text) and decoded afresh for every
+read: a caller that edits a context's blocks changes nothing here.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-# window_messages, window_tail: seq, occurred_at, tokens, role, content, before, wkey, event id, at
+# segment_messages: seq, tokens, role, content (JSON text), event id; the first row (seq
+# -1) carries the segment's state as JSON in its content.
 Row = tuple[Any, ...]
-Known = dict[int, Row]  # seq -> the row as the last read returned it, in seq order
-
-# A read without a tail hint: the window's sums taken afresh (from the running totals, or
-# summing the window) and every payload sent.
-NO_HINT: Final[dict[str, Any]] = {
-    "hint_key": None,
-    "hint_seq": None,
-    "hint_id": None,
-    "hint_before": None,
-}
-SEQ, TOKENS, BEFORE, WKEY, EVENT_ID, AT = 0, 2, 5, 6, 7, 8  # a bare row has no event id
+SEQ, TOKENS, CONTENT = 0, 1, 3
+STATE_SEQ: Final = -1
+# A read without a hint: the whole segment.
+NO_HINT: Final[dict[str, Any]] = {"boundaries": None, "from_seq": 0, "last_id": None}
 
 
 @dataclass(frozen=True)
 class Tail:
-    """One thread's last read: the hint parameters and the rows it returned."""
+    """One thread's last read: its boundary count, where it read up to, and its rows."""
 
-    hint: dict[str, Any]
-    rows: Known
+    boundaries: int
+    last_seq: int
+    last_id: str | None  # the event at last_seq: the read is of this log
+    rows: tuple[Row, ...]
     tokens: int
 
 
@@ -57,26 +47,24 @@ class Tails:
         self._held = 0
         self._lock = threading.Lock()
 
-    def hint(self, params: dict[str, Any]) -> tuple[dict[str, Any], Known]:
-        """`params` with the thread's hint and known rows, if any, and those rows."""
+    def hint(self, params: dict[str, Any]) -> tuple[dict[str, Any], Tail | None]:
+        """`params` for a read from the thread's last one (if any), and that read."""
         with self._lock:
             got = self._last.get(_key(params))
         if got is None:
-            return params, {}
-        return {**params, **got.hint}, got.rows
+            return {**params, **NO_HINT}, None
+        hint = {"boundaries": got.boundaries, "from_seq": got.last_seq + 1, "last_id": got.last_id}
+        return {**params, **hint}, got
 
-    def learn(self, params: dict[str, Any], rows: Sequence[Row]) -> None:
-        """Remember what a read returned (complete rows, as `fill` gives them)."""
-        if not rows:
-            return
-        last = rows[-1]
-        hint = {
-            "hint_key": last[WKEY],
-            "hint_seq": last[SEQ],
-            "hint_id": last[EVENT_ID],
-            "hint_before": last[BEFORE],
-        }
-        tail = Tail(hint, {r[SEQ]: r for r in rows}, sum(r[TOKENS] for r in rows))
+    def learn(self, params: dict[str, Any], state: dict[str, Any], rows: list[Row]) -> None:
+        """Remember a read: the segment's `state` and all its rows."""
+        tail = Tail(
+            int(state["boundaries"]),
+            int(state["last_seq"]),
+            state.get("last_id"),
+            tuple(rows),
+            sum(r[TOKENS] for r in rows),
+        )
         key = _key(params)
         with self._lock:
             old = self._last.pop(key, None)
@@ -87,21 +75,6 @@ class Tails:
 
     def __len__(self) -> int:
         return len(self._last)
-
-
-def fill(rows: Sequence[Row], known: Known) -> list[Row] | None:
-    """The kept rows in full. A hinted read starts with the hint's row, bare: it and the
-    known rows ahead of it that the cut keeps come from `known`. None if that row is
-    not known (cannot happen while the hint and `known` come from one read; the caller
-    then reads the whole window)."""
-    if not rows or rows[0][EVENT_ID] is not None:
-        return list(rows)  # no hint, or the cut passed every known row
-    first = rows[0]
-    had = known.get(first[SEQ])
-    if had is None:
-        return None
-    ahead = [r for r in known.values() if r[SEQ] < first[SEQ] and r[BEFORE] >= first[AT]]
-    return [*ahead, had, *rows[1:]]
 
 
 def _key(params: dict[str, Any]) -> tuple[str, str, str]:

@@ -175,6 +175,16 @@ class ToolSearchToolResult(_ServerToolResult, frozen=True, tag="tool_search_tool
     pass
 
 
+class CompactionBlock(_Block, frozen=True, kw_only=True, tag="compaction"):
+    """The Messages API's summary of the turns before it (server-side or on-demand
+    compaction): kept verbatim, a null `content` included (a compaction that produced no
+    summary, which the API treats as a no-op)."""
+
+    content: Text | None = None
+    encrypted_content: Text | None = None
+    signature: Text | None = None
+
+
 class ContainerUploadBlock(_Block, frozen=True, kw_only=True, tag="container_upload"):
     file_id: Name
 
@@ -204,6 +214,7 @@ MessageBlock: TypeAlias = (
     | TextEditorCodeExecutionToolResult
     | ToolSearchToolResult
     | ContainerUploadBlock
+    | CompactionBlock
 )
 ResultBlock: TypeAlias = (
     TextBlock
@@ -222,7 +233,15 @@ def _tags(union: Any) -> frozenset[str]:
 
 KNOWN_TYPES: Final = _tags(MessageBlock)
 KNOWN_RESULT_TYPES: Final = _tags(ResultBlock)
+# Results of server tools: in the same assistant turn as their `server_tool_use`.
+SERVER_RESULTS: Final = frozenset(
+    t for t in KNOWN_TYPES if t.endswith("_tool_result") and t != "tool_result"
+)
 THINKING: Final = frozenset({"thinking", "redacted_thinking"})
+COMPACTION: Final = "compaction"
+# What a mid-conversation system message may hold (the API's `SystemMessageParam`, and
+# the beta tool addition and removal blocks).
+SYSTEM_TYPES: Final = frozenset({"text", "tool_addition", "tool_removal"})
 
 _message_decoder: Final = msgspec.json.Decoder(MessageBlock)
 _result_decoder: Final = msgspec.json.Decoder(ResultBlock)
@@ -286,15 +305,60 @@ def check_all(raws: Sequence[msgspec.Raw], where: str = "$.content") -> list[Blo
     return [check(raw, f"{where}[{i}]") for i, raw in enumerate(raws)]
 
 
+def check_system(content: str | Sequence[msgspec.Raw], where: str = "$.content") -> None:
+    """A mid-conversation system message: a string, or text (and tool addition and
+    removal) blocks, as the API takes them."""
+    if isinstance(content, str):
+        return
+    for i, raw in enumerate(content):
+        block = check(raw, f"{where}[{i}]")
+        kind = block.type if isinstance(block, Typed) else block.__struct_config__.tag
+        if kind not in SYSTEM_TYPES:
+            raise BlockError(
+                f"a system message holds text blocks only, not {kind!r} - at `{where}[{i}]`"
+            )
+
+
+class _Tool(Struct, frozen=True, kw_only=True):
+    """A tool definition: a client tool (name, input_schema) or a server tool (type,
+    name); the rest is the API's to check and is kept as posted."""
+
+    name: Name
+
+
+_tool_decoder: Final = msgspec.json.Decoder(_Tool)
+
+
+def check_frame(
+    system: str | Sequence[msgspec.Raw] | None, tools: Sequence[msgspec.Raw] | None
+) -> None:
+    """A bot's request frame: `system` a string or text blocks, each tool an object with a
+    name."""
+    if system is not None and not isinstance(system, str):
+        for i, raw in enumerate(system):
+            block = check(raw, f"$.system[{i}]")
+            if not isinstance(block, TextBlock):
+                raise BlockError(f"system holds text blocks only - at `$.system[{i}]`")
+    for i, raw in enumerate(tools or ()):
+        try:
+            _tool_decoder.decode(raw)
+        except msgspec.ValidationError as e:
+            raise BlockError(_relocate(str(e), f"$.tools[{i}]")) from e
+
+
 def estimate(block: Mapping[str, Any]) -> int:
     """The characters a block is worth (`CHARS_PER_TOKEN` a token); see the module doc."""
     kind = block.get("type")
     if kind == "text":
         return _len(block.get("text"))
     if kind == "thinking":
-        return _len(block.get("thinking"))
+        # The newest models send the reasoning in the signature (encrypted; `thinking`
+        # may be empty) and read it back as input: about 3/4 of a base64 character each.
+        return max(_len(block.get("thinking")), _len(block.get("signature")) * 3 // 4)
     if kind == "redacted_thinking":
-        return _len(block.get("data"))
+        return _len(block.get("data")) * 3 // 4
+    if kind == COMPACTION:
+        return _len(block.get("content")) or _len(block.get("encrypted_content")) * 3 // 4
     if kind in ("tool_use", "server_tool_use"):
         return _len(block.get("name")) + len(msgspec.json.encode(block.get("input")))
     if kind == "tool_result":
@@ -332,6 +396,17 @@ def _document(source: object) -> int:
     if size is not None:
         return max(IMAGE_TOKENS, size // PDF_BYTES_PER_TOKEN) * CHARS_PER_TOKEN
     return IMAGE_TOKENS * CHARS_PER_TOKEN  # a url or file: its size is not known here
+
+
+def starts_anew(content: Sequence[Any]) -> bool:
+    """Whether an assistant message holds a compaction block with a summary: the API
+    ignores everything before it (a null one is a no-op)."""
+    return any(
+        isinstance(b, Mapping)
+        and b.get("type") == COMPACTION
+        and (b.get("content") is not None or b.get("encrypted_content") is not None)
+        for b in content
+    )
 
 
 def decode_raw(raws: Sequence[msgspec.Raw]) -> list[Any]:

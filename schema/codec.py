@@ -16,6 +16,7 @@ from contextlog.schema.events import (
     NAMES_OF,
     AnyEvent,
     Event,
+    FrameSet,
     MessageImported,
     MessagePosted,
     SessionImported,
@@ -158,9 +159,15 @@ def _check_semantics(event: AnyEvent) -> None:
     in range, and each content block valid for its type (`schema.blocks`)."""
     _check_names(event)
     _check_times(event)
-    if not isinstance(event, MessagePosted | MessageImported) or isinstance(event.content, str):
-        return
     try:
-        blocks.check_all(event.content)
+        if isinstance(event, FrameSet):
+            blocks.check_frame(event.system, event.tools)
+            return
+        if not isinstance(event, MessagePosted | MessageImported):
+            return
+        if event.role == "system":
+            blocks.check_system(event.content)
+        elif not isinstance(event.content, str):
+            blocks.check_all(event.content)
     except blocks.BlockError as e:
         raise EventRejected(INVALID, str(e)) from e

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import Annotated, Literal, TypeAlias
+from typing import Annotated, Final, Literal, TypeAlias
 
 import msgspec
 from msgspec import Meta, Struct
@@ -50,7 +50,19 @@ NAME_FIELDS = (
 SessionRef = Annotated[str, Meta(min_length=1, max_length=MAX_SESSION_ID)]
 Description = Annotated[str, Meta(max_length=MAX_DESCRIPTION)]
 Seconds = Annotated[int, Meta(ge=0, le=MAX_DURATION_S)]
-Role = Literal["user", "assistant"]
+# "system": a mid-conversation system message (the Messages API takes them in `messages`
+# on the newer models), returned in place; its blocks are text (`codec` checks them).
+Role = Literal["user", "assistant", "system"]
+MAX_TOOLS = 1000
+
+
+# A `Raw` field's absent value (JSON null): msgspec takes no `Raw` in a union.
+NULL: Final = msgspec.Raw(b"null")
+
+
+def given(raw: msgspec.Raw) -> bool:
+    """Whether a `Raw` field holds a value (not `NULL`)."""
+    return bytes(raw).strip() != b"null"
 
 
 # Content blocks: every type the Messages API takes, each kept as the raw JSON the adapter
@@ -78,7 +90,7 @@ class Event(Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="ty
 
 
 class MessagePosted(Event, frozen=True, kw_only=True, tag="message.v1"):
-    """A user or assistant message in a conversation."""
+    """A user, assistant or (mid-conversation) system message in a conversation."""
 
     role: Role
     content: Content
@@ -144,6 +156,29 @@ class ContextCompacted(Event, frozen=True, kw_only=True, tag="compaction.v1"):
     remaining_tokens: Annotated[int, Meta(ge=0)] = 0  # of the window after the cut
     summary: Text = ""
     local: bool = False
+    # The Messages API's own compaction block (on-demand compaction), kept verbatim: the
+    # thread's context then starts with it, and the messages after `through_seq` follow
+    # it unchanged. None: `summary` is ours (a boundary).
+    block: msgspec.Raw = NULL
+    # The thread's boundary count when the job read it: a boundary since (a clear, a
+    # cut, another compaction) makes this compaction moot. None: an event written before
+    # boundaries were counted (`base_seq` decides).
+    boundaries: Annotated[int, Meta(ge=0)] | None = None
+
+
+class FrameSet(Event, frozen=True, kw_only=True, tag="frame.v1"):
+    """The bot's own request frame for this conversation: its model, top-level `system`
+    and `tools` and its `thinking` setting, each kept as posted. The worker's compaction
+    requests use it; a change of `system` or `tools` is a boundary (thinking produced
+    under the old frame no longer matches its prefix, so it is removed from the turns
+    kept)."""
+
+    model: Name
+    system: Content | None = None
+    tools: Annotated[list[msgspec.Raw], Meta(max_length=MAX_TOOLS)] | None = None
+    # The `thinking` request parameter it sends, a JSON object; NULL: none (a `Raw` cannot
+    # be in a union, so JSON null stands for absent).
+    thinking: msgspec.Raw = NULL
 
 
 class MessageImported(Event, frozen=True, kw_only=True, tag="imported_message.v1"):
@@ -175,6 +210,7 @@ AnyEvent: TypeAlias = (
     | SessionDeleteRequested
     | SessionsPurgeRequested
     | Configured
+    | FrameSet
     | SummaryGenerated
     | ContextCompacted
     | MessageImported
@@ -189,6 +225,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     SessionDeleteRequested,
     SessionsPurgeRequested,
     Configured,
+    FrameSet,
     SummaryGenerated,
     ContextCompacted,
     MessageImported,

@@ -39,6 +39,8 @@ WITH gone AS (
     DELETE FROM sessions WHERE agent = %(agent)s AND channel = %(channel)s
 ), t AS (
     DELETE FROM threads WHERE agent = %(agent)s AND channel = %(channel)s
+), n AS (
+    DELETE FROM notes WHERE agent = %(agent)s AND channel = %(channel)s
 ), c AS (
     DELETE FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s
 )
@@ -52,11 +54,11 @@ WHERE (agent, channel) IN (SELECT * FROM unnest(%(agents)s::text[], %(channels)s
 -- name: unretire_insert
 -- Archived rows back with their positions and seqs; `contextlog rebuild` then derives
 -- the projections again.
--- The running totals (009) as archived; an archive written before 009 has none (NULL:
--- a window over those rows is summed, as for any row older than 009).
+-- The running totals (009) and marks (014) as archived; an archive written before them
+-- has none (NULL: as for any row older than those).
 INSERT INTO events (position, event_id, agent, channel, thread, seq, kind, occurred_at,
-                    recorded_at, payload, tokens, through, late)
+                    recorded_at, payload, tokens, through, late, mark)
 OVERRIDING SYSTEM VALUE
 SELECT r.position, r.event_id, r.agent, r.channel, r.thread, r.seq, r.kind, r.occurred_at,
-       r.recorded_at, r.payload, r.tokens, r.through, r.late
+       r.recorded_at, r.payload, r.tokens, r.through, r.late, r.mark
 FROM json_populate_recordset(NULL::events, %(rows)s::json) AS r;

@@ -2,19 +2,24 @@
 
 -- name: save_window
 -- A conversation's whole window (all threads) as of a save event at seq %(seq)s and
--- time %(at)s: the same rule as `window_messages`, without the compaction cut (a
--- session keeps every message; restoring it may compact again).
-WITH c AS (
+-- recorded time %(at)s: its messages since the last clear within the rolling window (by
+-- the time ingest recorded them), and a restored session's while its restore is; not
+-- cut by the budget or a compaction (a session keeps every message; restoring it fits
+-- them to the budget again).
+WITH w AS (
     SELECT cleared_seq, restored_seqs, restored_at,
-           contextlog_window_start(
-               %(at)s, coalesce(rolling_window, %(default_window)s)) AS cutoff
+           %(at)s::timestamptz - make_interval(
+               secs => coalesce(rolling_window, %(default_window)s)) AS cutoff
     FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s
+), c AS MATERIALIZED (
+    SELECT w.*, contextlog_seq_at(%(agent)s, %(channel)s, w.cutoff, w.cleared_seq + 1) AS lo
+    FROM w
 )
 SELECT e.seq, e.thread, e.occurred_at, e.tokens, e.payload->>'role' AS role,
        e.payload->'content' AS content
 FROM c JOIN events e
   ON e.agent = %(agent)s AND e.channel = %(channel)s AND e.kind = 'message.v1'
- AND e.occurred_at >= c.cutoff AND e.seq > c.cleared_seq AND e.seq < %(seq)s
+ AND e.seq >= c.lo AND e.seq < %(seq)s
 UNION ALL
 SELECT e.seq, e.thread, e.occurred_at, e.tokens, e.payload->>'role', e.payload->'content'
 FROM c JOIN events e
@@ -55,25 +60,9 @@ SET cleared_seq = %(seq)s, cleared_at = %(at)s, restored_seqs = %(seqs)s,
     restored_session = %(session_id)s, restored_at = %(at)s
 WHERE agent = %(agent)s AND channel = %(channel)s;
 
--- name: reset_threads
--- After a clear or restore: nothing compacted, no tokens counted towards compaction.
-UPDATE threads SET window_tokens = 0, compacted_through_seq = 0, compaction_summary = NULL
-WHERE agent = %(agent)s AND channel = %(channel)s
-  AND (window_tokens <> 0 OR compacted_through_seq <> 0);
-
 -- name: forget_restore
 UPDATE conversations SET restored_seqs = NULL, restored_session = NULL, restored_at = NULL
 WHERE agent = %(agent)s AND channel = %(channel)s AND restored_session IS NOT NULL;
-
--- name: restored_threads
--- The restored messages count towards their threads' compaction trigger.
-INSERT INTO threads AS t (agent, channel, thread, message_count, last_activity_at,
-                          window_tokens)
-SELECT agent, channel, thread, 0, %(at)s, sum(tokens)
-FROM events
-WHERE agent = %(agent)s AND channel = %(channel)s AND seq = ANY(%(seqs)s)
-GROUP BY agent, channel, thread
-ON CONFLICT (agent, channel, thread) DO UPDATE SET window_tokens = EXCLUDED.window_tokens;
 
 -- name: delete_session
 UPDATE sessions SET deleted_at = %(at)s
@@ -96,25 +85,6 @@ UPDATE sessions SET summary = %(summary)s, summary_local = %(local)s,
 WHERE agent = %(agent)s AND channel = %(channel)s AND session_id = %(session_id)s
   AND summary IS NULL
 RETURNING source, auto;
-
--- name: compact_thread
--- Only while the window the job read is still the window: a clear or restore since
--- (cleared_seq moved) or a newer compaction makes it moot. `through` 0 only
--- re-counts. window_tokens: the job's count after the cut plus what arrived since.
-UPDATE threads t
-SET compacted_through_seq = CASE WHEN %(through)s > 0 THEN %(through)s
-                                 ELSE t.compacted_through_seq END,
-    compaction_summary = CASE WHEN %(through)s > 0 THEN %(summary)s
-                              ELSE t.compaction_summary END,
-    window_tokens = %(remaining)s + (
-        SELECT coalesce(sum(e.tokens), 0) FROM events e
-        WHERE e.agent = %(agent)s AND e.channel = %(channel)s AND e.seq > %(seen)s
-          AND e.seq < %(seq)s AND e.thread = %(thread)s AND e.kind = 'message.v1')
-FROM conversations c
-WHERE t.agent = %(agent)s AND t.channel = %(channel)s AND t.thread = %(thread)s
-  AND c.agent = t.agent AND c.channel = t.channel AND c.cleared_seq = %(base_seq)s
-  AND (%(through)s = 0 OR t.compacted_through_seq < %(through)s)
-RETURNING t.thread, c.source;
 
 -- name: imported_messages
 -- The messages an import pushed before its session_imported event, newest first.

@@ -31,6 +31,7 @@ import redis
 
 from contextlog.producers import ContextReader, Producer
 from contextlog.producers.attachments import Cache
+from contextlog.producers.context import CUT_AT
 from contextlog.producers.tails import Tails
 from contextlog.schema import attachments, keys
 from contextlog.schema.defaults import ConversationDefaults
@@ -96,7 +97,39 @@ def _fill_targets(conn: psycopg.Connection[Any]) -> None:
             " VALUES ('bench', %s, %s, %s)",
             (channel, total, NOW),
         )
+        # The segment ingest decides: the window's messages, and at the 16k budget the
+        # newest whole exchanges under its cut (100 tokens a message).
+        first = 501 if channel in TARGETS else total - _kept(16_000) + 1
+        segment(conn, "bench", channel, first, total, 100)
     conn.commit()
+
+
+def _kept(budget: int) -> int:
+    """Messages of 100 tokens a segment keeps at a budget cut: an even number, so the
+    segment starts at a user message."""
+    return int(CUT_AT * budget) // 100 // 2 * 2
+
+
+def segment(
+    conn: psycopg.Connection[Any], agent: str, channel: str, first: int, last: int, tokens: int
+) -> None:
+    """The thread row of a conversation filled in SQL (ingest would have written it):
+    its segment from seq `first`, messages of `tokens` tokens each."""
+    conn.execute(
+        "INSERT INTO threads (agent, channel, thread, message_count, last_activity_at,"
+        " tokens_through, seg_start, seg_base, seg_at, window_tokens)"
+        " VALUES (%(agent)s, %(channel)s, '', %(last)s, %(now)s, %(last)s * %(tokens)s,"
+        " %(first)s, (%(first)s - 1) * %(tokens)s, %(now)s,"
+        " (%(last)s - %(first)s + 1) * %(tokens)s)",
+        {
+            "agent": agent,
+            "channel": channel,
+            "first": first,
+            "last": last,
+            "tokens": tokens,
+            "now": NOW,
+        },
+    )
 
 
 def _time_reads(env: BenchEnv, channel: str) -> dict[str, float]:
@@ -117,7 +150,7 @@ def _time_reads(env: BenchEnv, channel: str) -> dict[str, float]:
     settle()
     for i in range(READS + 20):
         t = time.perf_counter()
-        ctx = reader.context("bench", channel, now=NOW)
+        ctx = reader.context("bench", channel)
         mid = time.perf_counter()
         rows = raw.execute(RAW, params).fetchall()
         end = time.perf_counter()
@@ -178,6 +211,7 @@ def _fill_attachment_windows(conn: psycopg.Connection[Any]) -> None:
             " VALUES ('bench', %s, 100, %s)",
             (channel, NOW),
         )
+        segment(conn, "bench", channel, 1, 100, 100)
     conn.commit()
 
 
@@ -196,7 +230,7 @@ def _time_attachment_reads(env: BenchEnv) -> dict[str, float]:
         samples = []
         for i in range(READS // 3 + 10):
             t = time.perf_counter()
-            ctx = reader.context("bench", channel, now=NOW)
+            ctx = reader.context("bench", channel)
             if i >= 10:
                 samples.append((time.perf_counter() - t) * 1000)
         assert len(ctx.messages) == 100
@@ -220,7 +254,7 @@ def _time_budgeted(env: BenchEnv, cold: bool) -> dict[str, Any]:
     reader = ContextReader.from_url(env.database_url, defaults=ConversationDefaults())
     for ch in BUDGETED:  # warm-up
         for _ in range(10):
-            reader.context("bench", ch, now=NOW)
+            reader.context("bench", ch)
     settle()
     rounds: list[dict[str, float]] = []
     kept: dict[str, int] = {}
@@ -232,7 +266,7 @@ def _time_budgeted(env: BenchEnv, cold: bool) -> dict[str, Any]:
                 if cold:
                     reader.tails = Tails()
                 t = time.perf_counter()
-                ctx = reader.context("bench", ch, now=NOW)
+                ctx = reader.context("bench", ch)
                 samples.append((time.perf_counter() - t) * 1000)
             p50s[ch] = statistics.median(samples)
             kept[ch] = len(ctx.messages)

@@ -46,7 +46,7 @@ from contextlog.producers import Batch, Producer
 from contextlog.schema.queries import query
 from contextlog.worker.app.config import DEFAULT_BATCH_SIZE
 from contextlog.worker.ingest import deadletters
-from contextlog.worker.tasks.jobs import SUMMARIES
+from contextlog.worker.tasks.queue import SUMMARIES
 from contextlog.worker.tasks.timers import IDLE, PART
 from tests.bench.harness import (
     ROOT,

@@ -22,7 +22,7 @@ import psycopg
 
 from contextlog.producers import ContextReader, Producer
 from contextlog.schema.defaults import ConversationDefaults
-from tests.bench.context import NOW, _fill_targets, _percentiles
+from tests.bench.context import _fill_targets, _percentiles
 from tests.bench.harness import BenchEnv, BenchError, Result, Watched, python_module
 from tests.support.replica import ReplicaPair
 from tests.support.servers import ServerMissing
@@ -37,7 +37,7 @@ def _timed(reader: ContextReader, n: int) -> float:
     """Reads/s of n sequential reads of the window."""
     start = time.perf_counter()
     for _ in range(n):
-        reader.context("bench", WINDOW, now=NOW)
+        reader.context("bench", WINDOW)
     return n / (time.perf_counter() - start)
 
 
@@ -46,7 +46,7 @@ def _rounds(readers: dict[str, ContextReader]) -> dict[str, Any]:
     rates: dict[str, list[float]] = {name: [] for name in readers}
     for r in readers.values():  # warm-up: pools, caches
         for _ in range(10):
-            r.context("bench", WINDOW, now=NOW)
+            r.context("bench", WINDOW)
     for _ in range(ROUNDS):
         for name, r in readers.items():
             rates[name].append(_timed(r, PER_ROUND))
@@ -83,7 +83,7 @@ def _concurrent(reader: ContextReader, pair: ReplicaPair) -> dict[str, float]:
 
     def client(i: int) -> None:
         while time.perf_counter() < stop:
-            reader.context("bench", WINDOW, now=NOW)
+            reader.context("bench", WINDOW)
             counts[i] += 1
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(THREADS)]
@@ -148,7 +148,7 @@ def _measure(env: BenchEnv, pair: ReplicaPair) -> dict[str, Any]:
         "replica_direct": ContextReader.from_url(pair.replica_url, defaults=whole),
     }
     try:
-        n = len(readers["replica"].context("bench", WINDOW, now=NOW).messages)
+        n = len(readers["replica"].context("bench", WINDOW).messages)
         if n != 1000:
             raise BenchError(f"the window holds {n} messages, not 1,000")
         sequential = _rounds(readers)

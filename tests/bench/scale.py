@@ -110,7 +110,7 @@ def _reads(urls: dict[str, str]) -> dict[str, dict[str, Any]]:
                     if kind == "first":
                         reader.tails = Tails()
                     t = time.perf_counter()
-                    ctx = reader.context("bench", WINDOW, now=NOW)
+                    ctx = reader.context("bench", WINDOW)
                     taken.append((time.perf_counter() - t) * 1000)
                 assert len(ctx.messages) == 1000 or kind == "16k"
                 if r:

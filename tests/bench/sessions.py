@@ -37,7 +37,7 @@ from contextlog.producers.commands import Prepared
 from contextlog.schema import keys
 from contextlog.schema.queries import query
 from contextlog.worker.ingest import deadletters
-from contextlog.worker.tasks.jobs import SUMMARIES
+from contextlog.worker.tasks.queue import SUMMARIES
 from contextlog.worker.tasks.timers import IDLE
 from tests.bench.harness import (
     STOP_TIMEOUT,

@@ -18,7 +18,7 @@ import pytest
 import redis
 from rq import Queue, SimpleWorker
 
-from contextlog.worker.tasks.jobs import FAILURE_TTL, SUMMARIES, Jobs
+from contextlog.worker.tasks.queue import FAILURE_TTL, SUMMARIES, Jobs
 from contextlog.worker.tasks.timers import Timers, bucket_second, ms
 from tests.support import services
 from tests.support.processes import ROOT, Process, started

@@ -347,7 +347,7 @@ def test_a_small_batch_in_one_statement_stores_what_a_copied_large_one_does(db: 
     conversations and threads mixed in one batch), log order, token counts and
     projections; and the same numbers as the in-memory contract's."""
     history = [("a", None), ("a", "t1"), ("b", None)]
-    log = PostgresEventLog(psycopg.connect(db))
+    log = PostgresEventLog(psycopg.connect(db), now=lambda: T0)  # one time: comparable
     memory = MemoryEventLog()
     try:
         for prefix in ("small-", "large-"):
@@ -390,33 +390,32 @@ def test_an_event_id_is_unique_within_its_conversation(
     assert seqs(log, url) == [("a", 1, "in a"), ("b", 1, "in b"), ("b", 2, "b2")]
 
 
-def test_the_compaction_threshold_in_sql_is_the_one_in_python(db: str) -> None:
-    """`advance_threads` (ingest's trigger) and `sessions.over_threshold` (the job's
-    check) read one constant: a window at exactly the threshold does not compact, one
-    token more does, in both."""
-    from contextlog.worker.store import projection, sessions
+def test_the_compaction_threshold_of_ingest_is_the_jobs(db: str) -> None:
+    """Ingest's trigger (`advance_segments`) and the job's choice of threads
+    (`threads_to_compact`) read one constant: a segment at exactly the threshold does not
+    compact, one token more does, in both."""
+    from contextlog.producers.context import COMPACT_AT
+    from contextlog.schema.defaults import ConversationDefaults
+    from contextlog.schema.queries import query
+    from contextlog.worker.store import projection
 
     budget = 1000
-    at = int(sessions.COMPACT_AT * budget)
+    at = int(COMPACT_AT * budget)
+    defaults = ConversationDefaults(token_budget=budget)
     with psycopg.connect(db) as conn, conn.cursor() as cur:
         for channel, tokens in (("at", at), ("over", at + 1)):
-            rows = [
-                projection.Row(
-                    "alpha",
-                    channel,
-                    "",
-                    projection.CONFIGURE,
-                    T0,
-                    {"token_budget": budget},
-                    0,
-                    None,
-                ),
-                projection.Row("alpha", channel, "", projection.MESSAGE, T0, None, tokens, None),
-            ]
-            convs, threads = projection.fold(rows)
-            applied = projection.apply(cur, convs, threads, default_budget=budget)
-            compacts = applied.to_compact == [("alpha", channel)]
-            assert compacts == sessions.over_threshold(tokens, budget) == (channel == "over")
+            row = projection.Row("alpha", channel, "", projection.MESSAGE, T0, None, tokens, None)
+            convs, threads = projection.fold([row])
+            projection.apply(cur, convs, threads, defaults)
+            compacts = projection.segments(cur, convs, threads, defaults) == [("alpha", channel)]
+            params = {
+                "agent": "alpha",
+                "channel": channel,
+                "default_budget": budget,
+                "compact_at": COMPACT_AT,
+            }
+            chosen = cur.execute(query("threads_to_compact"), params).fetchall() != []
+            assert compacts == chosen == (channel == "over")
 
 
 def test_both_write_paths_store_the_instant_an_event_names_in_any_offset(db: str) -> None:

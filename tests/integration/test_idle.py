@@ -189,9 +189,17 @@ def test_a_shorter_idle_setting_arms_the_timer_at_once(db: str, redis_url: str) 
     timers = Timers(rds)
     try:
         with running(settings_for(db, redis_url)):
-            at = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(seconds=30)
-            eid = producer.post_message(A, "settings", "user", "hi", occurred_at=at)
+            # The producer's clock is 30 s behind: the deadline follows the time ingest
+            # logged the message, not this stamp.
+            stamp = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(seconds=30)
+            eid = producer.post_message(A, "settings", "user", "hi", occurred_at=stamp)
             reader.context(A, "settings", wait_for=eid, timeout=10)
+            with psycopg.connect(db) as conn:
+                row = conn.execute(
+                    "SELECT last_activity_at FROM conversations WHERE channel = 'settings'"
+                ).fetchone()
+            assert row is not None and row[0] > stamp + dt.timedelta(seconds=20)
+            at = row[0]
             first = timers.read(A, "settings")
             assert first is not None and first.due_ms == tm.ms(at + dt.timedelta(minutes=30))
             eid = producer.configure(A, "settings", idle_timeout=5)  # no message after it

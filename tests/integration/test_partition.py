@@ -107,7 +107,7 @@ def observed(url: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for channel in ("general", "random", "dm-7"):
         for thread in (None, "t1"):
-            ctx = reader.context("alpha", channel, thread, now=NOW)
+            ctx = reader.context("alpha", channel, thread)
             out[f"{channel}/{thread}"] = (ctx.to_anthropic(), ctx.token_estimate, ctx.truncated)
         page = reader.sessions("alpha", channel)
         out[f"{channel}/sessions"] = [
@@ -132,7 +132,7 @@ def test_migration_007_converts_a_log_in_place(at_006: str) -> None:
     assert before["general/None"][0]["messages"]  # the window after the clear
     assert before["random/sessions"] and before["general/sessions"]
     with psycopg.connect(at_006) as conn:
-        assert migrate(conn) == ["007_partitioned_events", "009_running_totals"]
+        assert migrate(conn) == ["007_partitioned_events", "009_running_totals", "014_segments"]
         parts = conn.execute(
             "SELECT count(*) FROM pg_inherits WHERE inhparent = 'events'::regclass"
         ).fetchone()
@@ -153,7 +153,7 @@ def test_migration_007_converts_a_log_in_place(at_006: str) -> None:
 
 def test_migration_007_on_an_empty_log(at_006: str) -> None:
     with psycopg.connect(at_006) as conn:
-        assert migrate(conn) == ["007_partitioned_events", "009_running_totals"]
+        assert migrate(conn) == ["007_partitioned_events", "009_running_totals", "014_segments"]
     log = PostgresEventLog(psycopg.connect(at_006))
     assert log.append(0, 1, [entry(message("general", 1))]) == 1
     log.close()

@@ -1,8 +1,7 @@
-"""The running token totals (migration 009, issue 12.2): every message stored by either
-write path carries its thread's total, a first read finds its cut from them and reads
-the rows it keeps, and whatever the log holds (messages out of time order, clears,
-compactions, rows older than 009 or from a writer that does not write totals) it keeps
-the very rows, with the very sums, that summing the whole window gives."""
+"""The running token totals (migration 009) and the boundary decisions made from them
+(014): every message stored by either write path carries its thread's total; a log
+decides the same boundaries however it was batched, and `contextlog rebuild` decides
+them again the same; a log written before 014 gets its segments from its state."""
 
 from __future__ import annotations
 
@@ -17,14 +16,11 @@ import pytest
 
 from contextlog.producers import ContextReader
 from contextlog.producers.ids import uuid7
-from contextlog.producers.reader import rolling_cutoff, window_params
 from contextlog.schema import codec
 from contextlog.schema import events as ev
 from contextlog.schema.defaults import ConversationDefaults
-from contextlog.schema.queries import query
 from contextlog.worker.store.eventlog import Accepted, PostgresEventLog
 from contextlog.worker.store.migrations import migrate
-from tests.integration.test_context_cache import events_rows_scanned
 from tests.support.services import drop_database, migrate_layout, with_database
 
 T0 = dt.datetime(2026, 11, 20, 12, 0, tzinfo=dt.UTC)
@@ -44,7 +40,12 @@ def message(at: dt.datetime, text: str, thread: str | None = None, **kw: Any) ->
 
 
 def entries(events: list[ev.AnyEvent]) -> list[Accepted]:
-    return [Accepted(f"{i}-0", e, codec.encode(e)) for i, e in enumerate(events, 1)]
+    """The events as ingest accepts them (decoded from their entry's bytes)."""
+    out = []
+    for i, e in enumerate(events, 1):
+        payload = codec.encode(e)
+        out.append(Accepted(f"{i}-0", codec.decode(payload), payload))
+    return out
 
 
 def stored_rows(conn: psycopg.Connection[Any], channel: str = "general") -> list[Any]:
@@ -58,8 +59,7 @@ def stored_rows(conn: psycopg.Connection[Any], channel: str = "general") -> list
 def test_each_message_carries_its_threads_running_total(db: str) -> None:
     """Batches of one (one statement), of many (COPY), with a command (rounds) and with a
     setting (one statement: a setting is not a command): each message's `through` is its
-    thread's tokens up to it, `late` says whether a message before it in the thread is
-    later in time."""
+    thread's tokens up to it (`late`, which reads by time used, is false since 014)."""
     log = PostgresEventLog(psycopg.connect(db))
     at = [T0 + dt.timedelta(seconds=s) for s in range(1_000)]
     batches: list[list[ev.AnyEvent]] = [
@@ -97,218 +97,157 @@ def test_each_message_carries_its_threads_running_total(db: str) -> None:
             conn.execute("SELECT thread, tokens_through FROM threads WHERE agent = 'alpha'")
         )
     running: dict[str, int] = {}
-    latest: dict[str, dt.datetime] = {}
-    lates = 0
-    for seq, thread, kind, occurred_at, tokens, through, late in rows:
+    for seq, thread, kind, _at, tokens, through, late in rows:
         if kind != "message.v1":
             assert (through, late) == (None, False), seq
             continue
         running[thread] = running.get(thread, 0) + tokens
-        expected_late = thread in latest and occurred_at < latest[thread]
-        assert (through, late) == (running[thread], expected_late), seq
-        lates += late
-        if not late:
-            latest[thread] = occurred_at
-    assert lates == 3 and totals == running
+        assert (through, late) == (running[thread], False), seq
+    assert totals == running
 
 
-def oracle(
-    conn: psycopg.Connection[Any], thread: str, now: dt.datetime, budget: int
-) -> tuple[list[tuple[int, int]], int]:
-    """The kept rows (seq, tokens of the window before it) and the cut, by the rule
-    (`window_messages`' header) applied in Python to every row of the log."""
-    cleared = conn.execute(
-        "SELECT cleared_seq FROM conversations WHERE agent = 'alpha' AND channel = 'general'"
-    ).fetchone()
-    compacted = conn.execute(
-        "SELECT compacted_through_seq FROM threads"
-        " WHERE agent = 'alpha' AND channel = 'general' AND thread = %s",
-        (thread,),
-    ).fetchone()
-    low = max(cleared[0] if cleared else 0, compacted[0] if compacted else 0)
-    cutoff = rolling_cutoff(now, DAY)
-    window = [
-        (seq, tokens)
-        for seq, th, kind, occurred_at, tokens, _, _ in stored_rows(conn)
-        if th == thread and kind == "message.v1" and occurred_at >= cutoff and seq > low
-    ]
-    total = sum(tokens for _, tokens in window)
-    step = max(1, budget // 2)
-    at = 0 if total <= budget else (total - budget + step - 1) // step * step
-    kept, before = [], 0
-    for i, (seq, tokens) in enumerate(window):
-        if before >= at or i == len(window) - 1:
-            kept.append((seq, before))
-        before += tokens
-    return kept, at
-
-
-def read(
-    conn: psycopg.Connection[Any], thread: str, now: dt.datetime, budget: int, bounded: bool
-) -> tuple[list[tuple[int, int]], int]:
-    defaults = ConversationDefaults(token_budget=budget)
-    params = window_params("alpha", "general", thread, now, defaults, bounded=bounded)
-    rows = conn.execute(query("window_messages"), params).fetchall()
-    return [(r[0], r[5]) for r in rows], (rows[0][8] if rows else 0)
-
-
-def random_log(db: str, seed: int, imports: float) -> list[dt.datetime]:
-    """A few hundred messages over ~40 hours in two threads, in batches of 1 to 120 (both
-    write paths): most in time order, some late by seconds (clocks that disagree), a share
-    `imports` by hours (below the edge); now and then a clear, a compaction. Returns the
-    times to read at."""
+def random_log(seed: int, channel: str) -> list[ev.AnyEvent]:
+    """Three days of a conversation in two threads: a thinking bot's turns with tool
+    calls, system messages, clears, saves, restores, budget changes; producer clocks
+    that disagree (the recorded time decides)."""
     rng = random.Random(seed)
-    log = PostgresEventLog(psycopg.connect(db))
-    at, n, batch_no = T0, 0, 0
-    while at < T0 + dt.timedelta(hours=40):
-        batch: list[ev.AnyEvent] = []
-        for _ in range(rng.choice([1, 1, 2, 5, 70, 120])):
-            at += dt.timedelta(seconds=rng.randrange(60, 900))
-            roll, n = rng.random(), n + 1
-            stamp = at
-            if roll < 0.15:
-                stamp = at - dt.timedelta(seconds=rng.randrange(1, 30))
-            elif roll < 0.15 + imports:
-                stamp = at - dt.timedelta(hours=rng.randrange(2, 30))
-            if roll > 0.99:
-                batch.append(
-                    ev.ContextCleared(
-                        event_id=uuid7(), agent="alpha", channel="general", occurred_at=at
-                    )
-                )
-            text = f"m{n} " + "words " * rng.randrange(1, 200)
-            batch.append(message(stamp, text, thread=rng.choice([None, None, "x"])))
-        batch_no += 1
-        log.append(0, batch_no, entries(batch))
-        if rng.random() < 0.05:  # a compaction job's outcome: the window starts after it
-            with psycopg.connect(db) as conn:
-                conn.execute(
-                    "UPDATE threads SET compacted_through_seq = (SELECT max(seq) - %s FROM"
-                    " events WHERE agent = 'alpha' AND channel = 'general')"
-                    " WHERE agent = 'alpha' AND channel = 'general'",
-                    (rng.randrange(0, 40),),
-                )
+    out: list[ev.AnyEvent] = []
+    common = {"agent": "alpha", "channel": channel}
+
+    def add(cls: type[ev.Event], **fields: Any) -> None:
+        out.append(cls(event_id=uuid7(), occurred_at=T0, **common, **fields))  # type: ignore[arg-type]
+
+    for n in range(400):
+        thread = rng.choice([None, None, "x"])
+        roll = rng.random()
+        if roll < 0.02:
+            add(ev.ContextCleared)
+        elif roll < 0.04:
+            add(ev.SessionSaveRequested)
+        elif roll < 0.05:
+            add(ev.SessionRestoreRequested, session_id="last")
+        elif roll < 0.06:
+            add(ev.Configured, token_budget=rng.choice([800, 3000]))
+        elif roll < 0.08:
+            add(ev.MessagePosted, role="system", content=f"note {n}")
+        add(
+            ev.MessagePosted,
+            thread=thread,
+            role="user",
+            content=f"q{n} " + "w " * rng.randrange(200),
+        )
+        call = {"type": "tool_use", "id": f"t{n}", "name": "lookup", "input": {}}
+        think = {"type": "thinking", "thinking": f"think {n}", "signature": f"s{n}"}
+        if rng.random() < 0.3:
+            add(ev.MessagePosted, thread=thread, role="assistant", content=[think, call])
+            result = {"type": "tool_result", "tool_use_id": f"t{n}", "content": "r " * 50}
+            add(ev.MessagePosted, thread=thread, role="user", content=[result])
+        answer = [think, {"type": "text", "text": "a " * rng.randrange(100)}]
+        add(ev.MessagePosted, thread=thread, role="assistant", content=answer)
+    return out
+
+
+def _state(conn: psycopg.Connection[Any], channel: str) -> list[Any]:
+    return conn.execute(
+        "SELECT thread, seg_start, seg_base, seg_extra, seg_restored, seg_note, seg_summary,"
+        " seg_threads, strip_through, boundaries, boundary, boundary_seq, window_tokens"
+        " FROM threads WHERE agent = 'alpha' AND channel = %s ORDER BY thread",
+        (channel,),
+    ).fetchall()
+
+
+def test_boundaries_do_not_depend_on_batching_and_rebuild_decides_them_again(db: str) -> None:
+    """The same events, one batch each (a bot's turns) and in batches of up to 200 (a
+    backlog, COPY): the same boundaries and contexts; and a rebuild gives them again."""
+    from contextlog.worker.store.rebuild import rebuild
+
+    rng = random.Random(7)
+    clock = [T0]
+    log = PostgresEventLog(psycopg.connect(db), now=lambda: clock[0])
+    one, many = random_log(3, "one"), random_log(3, "many")
+    n = 0
+    while one:
+        size = rng.choice([1, 1, 2, 30, 200])
+        for e in one[:size]:
+            n += 1
+            log.append(0, n, entries([e]))
+        n += 1
+        log.append(0, n, entries(many[:size]))
+        one, many = one[size:], many[size:]
+        clock[0] += dt.timedelta(minutes=rng.randrange(1, 90))
     log.close()
-    return [T0 + dt.timedelta(hours=h, minutes=rng.randrange(60)) for h in (12, 25, 33, 40)]
-
-
-@pytest.mark.parametrize(("seed", "imports"), [(0, 0.03), (1, 0.03), (2, 0.0), (3, 0.0)])
-def test_a_first_read_keeps_what_summing_the_window_keeps(
-    db: str, seed: int, imports: float
-) -> None:
-    """Against the rule applied in Python. With messages hours late (most windows hold
-    one below their edge) the window is summed; with messages seconds late only, most
-    first reads find the cut from the totals (fewer rows read than the window holds)."""
-    times = random_log(db, seed, imports)
-    compared = fast = 0
-    with psycopg.connect(db, autocommit=True) as conn:
-        for now in times:
-            for thread in ("", "x"):
-                for budget in (700, 4_000, 10**9):
-                    expected = oracle(conn, thread, now, budget)
-                    for bounded in (True, False):
-                        got = read(conn, thread, now, budget, bounded)
-                        if bounded or budget == 10**9:
-                            assert got == expected, (now, thread, budget, bounded)
-                        compared += 1
-                    window = len(oracle(conn, thread, now, 10**9)[0])
-                    if window >= 30 and len(expected[0]) * 3 < window:
-                        params = window_params(
-                            "alpha",
-                            "general",
-                            thread,
-                            now,
-                            ConversationDefaults(token_budget=budget),
-                            bounded=True,
-                        )
-                        fast += events_rows_scanned(conn, params) < window
-    assert compared == len(times) * 2 * 3 * 2 and (fast > 0 or imports > 0)
+    reader = ContextReader.from_url(db, defaults=ConversationDefaults())
+    try:
+        with psycopg.connect(db) as conn:
+            before = (_state(conn, "one"), _state(conn, "many"))
+            assert before[0] == before[1] and sum(r[9] for r in before[0]) > 5
+            contexts = [reader.segment("alpha", "one", t).context for t in (None, "x")]
+            assert contexts == [reader.segment("alpha", "many", t).context for t in (None, "x")]
+            rebuild(conn)
+            assert (_state(conn, "one"), _state(conn, "many")) == before
+    finally:
+        reader.close()
 
 
 @pytest.fixture
-def at_008(database_url: str) -> Iterator[str]:
-    """A database of its own at 008 (the release before the running totals)."""
-    name = f"contextlog_008_{uuid.uuid4().hex[:8]}"
+def at_013(database_url: str) -> Iterator[str]:
+    """A database of its own at 013 (the release before segments)."""
+    name = f"contextlog_013_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(database_url, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     url = with_database(database_url, name)
     with psycopg.connect(url) as conn:
-        migrate_layout(conn, upto=8)
+        migrate_layout(conn, upto=13)
     yield url
     drop_database(database_url, name)
 
 
-def test_migration_009_on_a_log_written_before_it(at_008: str) -> None:
-    """A log written by the release before (no totals): 009 counts each thread's total, it
-    reads as before, new messages go on from the total, and a row a writer of the
-    release before adds during the upgrade (no total; `late` by default) is read right."""
-    log = PostgresEventLog(psycopg.connect(at_008))
-    old = [message(T0 + dt.timedelta(minutes=i), f"old {i} " + "w " * 30) for i in range(300)]
-    log.append(0, 1, entries(old))
-    log.close()
-    with psycopg.connect(at_008, autocommit=True) as conn:
-        # As 008 left the log: the columns today's writer wrote for the fill, gone.
-        conn.execute("ALTER TABLE events DROP COLUMN through, DROP COLUMN late")
-        conn.execute("ALTER TABLE threads DROP COLUMN tokens_through")
-        assert migrate(conn) == ["009_running_totals"]
-        now = T0 + dt.timedelta(hours=5)
-        for budget in (500, 10**9):  # rows without totals: the window is summed
-            assert read(conn, "", now, budget, True) == oracle(conn, "", now, budget)
-        total = sum(r[4] for r in stored_rows(conn))
-        (through,) = conn.execute("SELECT tokens_through FROM threads").fetchone() or (0,)
-        assert through == total
-    log = PostgresEventLog(psycopg.connect(at_008))
-    new = [
-        message(T0 + dt.timedelta(hours=30, minutes=i), f"new {i} " + "w " * 30) for i in range(300)
-    ]
-    log.append(0, 2, entries(new[:150]))
-    with psycopg.connect(at_008, autocommit=True) as conn:
-        # A writer of the release before: the columns it knows, `seq` after the last.
+def test_migration_014_gives_a_log_written_before_it_its_segments(at_013: str) -> None:
+    """A conversation of three days written by the release before: after 014 its context
+    is the rolling window as that release read it, and the next opening message decides
+    the budget and the edge as ever after."""
+    now = dt.datetime.now(dt.UTC)
+    with psycopg.connect(at_013, autocommit=True) as conn:
+        conn.execute("ALTER TABLE events DROP COLUMN IF EXISTS mark")
+        rows = []
+        for i in range(300):
+            at = now - dt.timedelta(hours=72) + dt.timedelta(minutes=14 * i)
+            role = "user" if i % 2 == 0 else "assistant"
+            payload = f'{{"type": "message.v1", "role": "{role}", "content": "m{i} {"w " * 40}"}}'
+            rows.append((uuid7(), i + 1, at, payload))
+        for event_id, seq, at, payload in rows:
+            conn.execute(
+                "INSERT INTO events (event_id, agent, channel, thread, seq, kind, occurred_at,"
+                " tokens, through, late, payload) VALUES (%s, 'alpha', 'general', '', %s,"
+                " 'message.v1', %s, 21, %s * 21, false, %s)",
+                (event_id, seq, at, seq, payload),
+            )
         conn.execute(
-            "INSERT INTO events (event_id, agent, channel, thread, seq, kind, occurred_at,"
-            " tokens, payload) VALUES (%s, 'alpha', 'general', '', 451, 'message.v1', %s, 40,"
-            ' \'{"type": "message.v1", "role": "user", "content": "from 008"}\')',
-            (uuid7(), T0 + dt.timedelta(hours=32)),
+            "INSERT INTO conversations (agent, channel, last_seq, last_activity_at)"
+            " VALUES ('alpha', 'general', 300, %s)",
+            (rows[-1][2],),
         )
         conn.execute(
-            "UPDATE conversations SET last_seq = 451 WHERE agent = 'alpha' AND channel = 'general'"
+            "INSERT INTO threads (agent, channel, thread, message_count, last_activity_at,"
+            " tokens_through) VALUES ('alpha', 'general', '', 300, %s, 6300)",
+            (rows[-1][2],),
         )
-    log.append(0, 3, entries(new[150:]))
-    log.close()
-    with psycopg.connect(at_008, autocommit=True) as conn:
-        rows = stored_rows(conn)
-        assert [r[6] for r in rows[:300]] == [None] * 300 and rows[450][5:] == (None, True)
-        assert [r[5] for r in rows[300:450]] == [
-            total + sum(r[4] for r in rows[300 : i + 1]) for i in range(300, 450)
-        ]
-        for hours in (31, 33, 56, 57):  # the old writer's row inside, then below the edge
-            now = T0 + dt.timedelta(hours=hours)
-            for budget in (500, 3_000, 10**9):
-                assert read(conn, "", now, budget, True) == oracle(conn, "", now, budget)
-        # A window that starts after the row without a total reads from the totals.
-        now = T0 + dt.timedelta(hours=57)
-        params = window_params(
-            "alpha", "general", None, now, ConversationDefaults(token_budget=500), bounded=True
+        assert migrate(conn) == ["014_segments"]
+    reader = ContextReader.from_url(at_013, defaults=ConversationDefaults())
+    try:
+        ctx = reader.context("alpha", "general")
+        first = int(ctx.messages[0]["content"][0]["text"].split()[0].removeprefix("m"))
+        assert (
+            3 * 24 * 60 // 14 - 24 * 60 // 14 - 2 <= first <= 3 * 24 * 60 // 14 - 24 * 60 // 14 + 2
         )
-        window = len(oracle(conn, "", now, 10**9)[0])
-        assert window > 100 and events_rows_scanned(conn, params) < window
-
-
-def test_a_first_read_of_a_reader_is_the_read_of_the_whole_window(db: str) -> None:
-    """The reader end to end: the context a reader with no hints builds is the one a
-    reader that holds every earlier read's rows builds, with late messages about."""
-    log = PostgresEventLog(psycopg.connect(db))
-    hinted = ContextReader.from_url(db, defaults=ConversationDefaults(token_budget=2_000))
-    for i in range(120):
-        at = T0 + dt.timedelta(minutes=15 * i)
-        stamp = at - dt.timedelta(seconds=5) if i % 9 == 4 else at
-        role = "user" if i % 2 == 0 else "assistant"
-        log.append(0, i + 1, entries([message(stamp, f"turn {i} " + "w " * 90, role=role)]))
-        fresh = ContextReader.from_url(db, defaults=ConversationDefaults(token_budget=2_000))
-        now = at + dt.timedelta(minutes=1)
-        assert hinted.context("alpha", "general", now=now) == fresh.context(
-            "alpha", "general", now=now
-        ), i
-        fresh.close()
-    hinted.close()
-    log.close()
+        assert ctx.boundary is not None and ctx.boundary.kind == "upgrade"
+        log = PostgresEventLog(
+            psycopg.connect(at_013), defaults=ConversationDefaults(token_budget=500)
+        )
+        log.append(0, 1, entries([message(now, "after the upgrade")]))
+        log.close()
+        ctx = reader.context("alpha", "general")
+        assert ctx.boundary is not None and ctx.boundary.kind == "budget"
+        assert ctx.messages[-1]["content"][0]["text"] == "after the upgrade"
+    finally:
+        reader.close()

@@ -9,7 +9,6 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,113 +16,32 @@ from typing import Any
 import psycopg
 import pytest
 import redis
-from rq import Queue, SimpleWorker
+from rq import Queue
 from rq.executions import ExecutionRegistry
 from rq.job import JobStatus
 
-from contextlog.producers import ContextReader, Producer
 from contextlog.producers.ids import uuid7
-from contextlog.producers.notifications import Notifications
 from contextlog.schema import codec
 from contextlog.schema import events as ev
 from contextlog.schema import notices as nt
 from contextlog.schema.errors import Refused, Unavailable
-from contextlog.schema.notices import Notice
 from contextlog.worker.app import bootstrap
-from contextlog.worker.app.clock import FakeClock, SystemClock
-from contextlog.worker.app.config import Settings
+from contextlog.worker.app.clock import FakeClock
 from contextlog.worker.cli import main as cli
 from contextlog.worker.effects.notify import MemoryNotifier
 from contextlog.worker.effects.relay import Relay
 from contextlog.worker.store.eventlog import Accepted, PostgresEventLog
 from contextlog.worker.store.rebuild import rebuild
-from contextlog.worker.tasks.jobs import SUMMARIES, Jobs
+from contextlog.worker.tasks.queue import SUMMARIES, Jobs
 from contextlog.worker.tasks.summarize import (
     FAILED_TEXT,
     TRUNCATED,
-    AnthropicSummarizer,
     LocalSummarizer,
-    Summarizer,
 )
-from contextlog.worker.tasks.timers import Timers
 from tests.support.anthropic_rules import check_messages
-from tests.support.fake_anthropic import FakeAPI, Outcome, client_for
-from tests.support.running import eventually, running, settings_for
-
-A, C = "alpha", "general"
-
-
-@dataclass
-class Stack:
-    """Ingest running, a producer and reader as an adapter has them, jobs run on demand."""
-
-    settings: Settings
-    producer: Producer
-    reader: ContextReader
-    notes: Notifications
-    rds: redis.Redis
-    api: FakeAPI
-    delays: list[float] = field(default_factory=list)
-    seen: list[Notice] = field(default_factory=list)
-
-    def use(self, summarizer: Summarizer) -> None:
-        bootstrap.install(
-            bootstrap.Resources(
-                self.settings,
-                self.reader,
-                self.producer,
-                summarizer,
-                SystemClock(),
-                Timers(self.rds),
-            )
-        )
-
-    def say(self, text: str, role: str = "user", channel: str = C, **kw: Any) -> str:
-        return self.producer.post_message(A, channel, role, text, source="test", **kw)
-
-    def stored(self, event_id: str) -> None:
-        self.reader.context(A, C, wait_for=event_id, timeout=10)
-
-    def run_jobs(self) -> None:
-        queue = Queue(SUMMARIES, connection=self.rds)
-        SimpleWorker([queue], connection=self.rds).work(burst=True, logging_level="WARNING")
-
-    def notice(self, kind: str, timeout: float = 10) -> Notice:
-        def arrived() -> bool:
-            got = self.notes.read(block_ms=50)
-            self.notes.ack(got)
-            self.seen.extend(got)
-            return any(n.kind == kind for n in self.seen)
-
-        eventually(arrived, timeout, f"a {kind} notice")
-        found = next(n for n in self.seen if n.kind == kind)
-        self.seen.remove(found)
-        return found
-
-    def valid(self, channel: str = C) -> list[dict[str, Any]]:
-        messages = self.reader.context(A, channel).messages
-        assert check_messages(messages) == []
-        return messages
-
-
-@pytest.fixture
-def stack(
-    db: str, redis_url: str, rds: redis.Redis, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Stack]:
-    settings = settings_for(db, redis_url)
-    for name, value in (("DATABASE_URL", db), ("REDIS_URL", redis_url), ("CONTEXTLOG_SHARDS", "4")):
-        monkeypatch.setenv(name, value)  # for the CLI commands a test runs
-    producer = Producer(redis.Redis.from_url(redis_url), shards=settings.shards)
-    reader = ContextReader.from_url(db, defaults=settings.conversation)
-    notes = Notifications(redis.Redis.from_url(redis_url), "test", consumer="t1")
-    api = FakeAPI()
-    s = Stack(settings, producer, reader, notes, rds, api)
-    s.use(AnthropicSummarizer(client_for(api), "claude-test-1", sleep=s.delays.append))
-    with running(settings):
-        yield s
-    reader.close()
-    notes.close()
-    producer.close()
+from tests.support.fake_anthropic import Outcome
+from tests.support.running import eventually
+from tests.support.session_stack import A, C, Stack
 
 
 def texts(messages: list[dict[str, Any]]) -> list[str]:
@@ -350,35 +268,6 @@ def test_rebuild_reproduces_sessions_and_restores(stack: Stack, db: str) -> None
         effects = conn.execute("SELECT count(*) FROM effects").fetchone()
     assert after == before
     assert effects == (0,)  # nothing resent by the replay
-
-
-def test_compaction_summarises_the_oldest_half_and_keeps_the_context_valid(
-    stack: Stack, rds: redis.Redis
-) -> None:
-    stack.use(LocalSummarizer())
-    stack.producer.configure(A, C, token_budget=200, source="test")
-    words = "the deploy pipeline caches layers keyed by the lockfile hash " * 3
-    for i in range(8):
-        stack.say(f"q{i} {words}")
-        last = stack.say(f"a{i} {words}", "assistant")
-    stack.stored(last)
-    before = stack.valid()
-    before_compacted = stack.reader.context(A, C).compacted
-    # The relay queues it after the commit that made the context visible.
-    eventually(lambda: Queue(SUMMARIES, connection=rds).count >= 1, what="the compaction job")
-    assert Queue(SUMMARIES, connection=rds).count == 1  # one compaction job, not one per batch
-    assert not Jobs(rds).compact(A, C)  # a second one is refused while it is queued
-    stack.run_jobs()
-    eventually(lambda: "Summary of the earlier part" in (stack.reader.context(A, C).system or ""))
-    compacted = stack.notice(nt.CONTEXT_COMPACTED)  # the adapter hears of it
-    assert compacted.text is not None and compacted.text.startswith("compacted the conversation")
-    ctx = stack.reader.context(A, C)
-    assert ctx.compacted and not before_compacted
-    assert check_messages(ctx.messages) == []
-    assert ctx.token_estimate <= 200
-    kept = texts(ctx.messages)
-    assert kept[0].startswith("q") and kept[-2].startswith("q7") and kept[-1].startswith("a7")
-    assert texts(before)[-1] == kept[-1]
 
 
 class Exploding:

@@ -19,6 +19,18 @@ blocks carry `cache_control` in the whole request (tools, system and messages; s
 `check_params`), never a thinking or redacted_thinking block ("Thinking blocks cannot be
 marked with cache_control directly"). `system` is a string or a list of non-empty text
 blocks. Block types a newer API added pass unchecked.
+
+Mid-conversation system messages (docs: "Mid-conversation system messages"): on the
+models that take them, a `role: "system"` message holds a string or text (tool addition,
+tool removal) blocks; it must immediately follow a user turn (or an assistant turn ending
+in a server tool result), and be the last message or be followed by an assistant turn;
+never `messages[0]`; consecutive ones are judged as one. Older models refuse the role.
+
+Compaction (docs: "Compaction", "Compaction on demand"): a `compaction` block with a
+summary goes first: the first block of the first message (user or assistant), at most
+one per request; the request may then start with that assistant message.
+
+The prefix check on thinking blocks is `tests.support.binding`.
 """
 
 from __future__ import annotations
@@ -30,28 +42,70 @@ from contextlog.schema.blocks import KNOWN_RESULT_TYPES, KNOWN_TYPES
 THINKING = {"thinking", "redacted_thinking"}
 SERVER_RESULTS = {t for t in KNOWN_TYPES if t.endswith("_tool_result") and t != "tool_result"}
 BLOCK_TYPES = {
-    "user": {"text", "image", "document", "search_result", "tool_result", "container_upload"},
-    "assistant": {"text", "tool_use", "server_tool_use", "container_upload"}
+    "user": {
+        "text",
+        "image",
+        "document",
+        "search_result",
+        "tool_result",
+        "container_upload",
+        "compaction",
+    },
+    "assistant": {"text", "tool_use", "server_tool_use", "container_upload", "compaction"}
     | THINKING
     | SERVER_RESULTS,
 }
+SYSTEM_BLOCK_TYPES = {"text", "tool_addition", "tool_removal"}
 MAX_CACHE_BREAKPOINTS = 4
+# Models that take mid-conversation system messages (the platform docs' list).
+SYSTEM_MESSAGE_MODELS = (
+    "claude-fable-5",
+    "claude-mythos-5",
+    "claude-opus-4-8",
+    "claude-opus-5",
+    "claude-sonnet-5-5",
+    "claude-haiku-5-5",
+)
 
 
-def check_messages(messages: list[dict[str, Any]], *, thinking: bool | None = None) -> list[str]:
+def takes_system_messages(model: str) -> bool:
+    """Whether `model` accepts `role: "system"` in `messages`."""
+    return model.startswith(SYSTEM_MESSAGE_MODELS)
+
+
+def check_messages(
+    messages: list[dict[str, Any]],
+    *,
+    thinking: bool | None = None,
+    system_messages: bool = True,
+) -> list[str]:
     """Every rule the request breaks (empty when valid); `thinking`: whether the request
-    enables extended thinking (None: check only the rules that hold either way)."""
+    enables extended thinking (None: check only the rules that hold either way);
+    `system_messages`: whether the model takes mid-conversation system messages."""
     errors: list[str] = []
     tool_ids: set[str] = set()
+    errors += _check_compaction(messages)
+    previous: dict[str, Any] | None = None  # the last user or assistant message
     for i, m in enumerate(messages):
         where = f"messages.{i}"
+        if m.get("role") == "system":
+            if not system_messages:
+                errors.append(f"{where}.role: Input should be 'user' or 'assistant'")
+            else:
+                errors += _check_system(i, messages)
+            continue
         if m.get("role") not in ("user", "assistant"):
             errors.append(f"{where}.role: must be user or assistant")
             continue
-        if i == 0 and m["role"] != "user":
-            errors.append("messages.0: first message must use the user role")
-        if i > 0 and messages[i - 1].get("role") == m["role"]:
+        if previous is None and m["role"] != "user" and not _compaction_first(m):
+            errors.append(f"{where}: first message must use the user role")
+        if (
+            previous is not None
+            and previous.get("role") == m["role"]
+            and not _compaction_only(previous)
+        ):
             errors.append(f"{where}: roles must alternate between user and assistant")
+        previous = m
         content = m.get("content")
         if isinstance(content, str):
             if not content.strip():
@@ -67,8 +121,81 @@ def check_messages(messages: list[dict[str, Any]], *, thinking: bool | None = No
     return errors
 
 
+def _compaction_first(m: dict[str, Any]) -> bool:
+    content = _list(m.get("content"))
+    return bool(content) and _kind(content[0]) == "compaction"
+
+
+def _compaction_only(m: dict[str, Any]) -> bool:
+    content = _list(m.get("content"))
+    return bool(content) and all(_kind(b) == "compaction" for b in content)
+
+
+def _check_compaction(messages: list[dict[str, Any]]) -> list[str]:
+    """A compaction block with a summary is the first block of the first message; one."""
+    found = [
+        (i, j)
+        for i, m in enumerate(messages)
+        for j, b in enumerate(_list(m.get("content")))
+        if _kind(b) == "compaction" and isinstance(b, dict) and b.get("content") is not None
+    ]
+    errors = []
+    if len(found) > 1:
+        errors.append("compaction_block_ambiguous: messages holds more than one compaction block")
+    errors += [
+        f"messages.{i}.content.{j}: compaction_block_misplaced: the compaction block is not"
+        " the first block of the conversation"
+        for i, j in found
+        if (i, j) != (0, 0) or messages[0].get("role") == "system"
+    ]
+    return errors
+
+
+def _check_system(i: int, messages: list[dict[str, Any]]) -> list[str]:
+    """A mid-conversation system message: its content and its place."""
+    where = f"messages.{i}"
+    errors = []
+    content = messages[i].get("content")
+    if isinstance(content, str):
+        if not content.strip():
+            errors.append(f"{where}: text content must be non-empty")
+    elif not isinstance(content, list) or not content:
+        errors.append(f"{where}.content: must be a non-empty list or string")
+    else:
+        for j, b in enumerate(content):
+            if _kind(b) not in SYSTEM_BLOCK_TYPES:
+                errors.append(f"{where}.content.{j}: {_kind(b)} is not allowed in a system message")
+            elif _kind(b) == "text" and not str(b.get("text", "")).strip():
+                errors.append(f"{where}.content.{j}: text content blocks must be non-empty")
+    # Consecutive system messages are judged as one section.
+    first = i
+    while first > 0 and messages[first - 1].get("role") == "system":
+        first -= 1
+    last = i
+    while last + 1 < len(messages) and messages[last + 1].get("role") == "system":
+        last += 1
+    if first == 0:
+        errors.append(f"{where}: a system message cannot be the first message")
+    elif not _may_precede_system(messages[first - 1]):
+        errors.append(f"{where}: a system message must immediately follow a user turn")
+    if last + 1 < len(messages) and messages[last + 1].get("role") != "assistant":
+        errors.append(
+            f"{where}: a system message must be the last message or be followed by an"
+            " assistant turn"
+        )
+    return errors
+
+
+def _may_precede_system(m: dict[str, Any]) -> bool:
+    if m.get("role") == "user":
+        return True
+    content = _list(m.get("content"))
+    return m.get("role") == "assistant" and bool(content) and _kind(content[-1]) in SERVER_RESULTS
+
+
 def _check_final(messages: list[dict[str, Any]], thinking: bool | None) -> list[str]:
     errors = []
+    messages = [m for m in messages if m.get("role") != "system"]
     if messages and messages[-1].get("role") == "assistant":
         last = messages[-1]["content"]
         tail = (
@@ -90,6 +217,7 @@ def _check_final(messages: list[dict[str, Any]], thinking: bool | None) -> list[
 
 def _check_cycle(messages: list[dict[str, Any]]) -> list[str]:
     """With thinking on, a request ending inside a tool-use cycle starts it with thinking."""
+    messages = [m for m in messages if m.get("role") != "system"]
     clean = [i for i, m in enumerate(messages) if m.get("role") == "user" and _clean(m)]
     start = clean[-1] + 1 if clean else 0
     first = next(
@@ -117,6 +245,18 @@ def _list(content: Any) -> list[Any]:
 
 def _kind(block: Any) -> Any:
     return block.get("type") if isinstance(block, dict) else None
+
+
+def check_request_messages(body: dict[str, Any]) -> list[str]:
+    """`check_messages` with what the request says: its model (system messages) and
+    whether thinking is on."""
+    thinking = body.get("thinking")
+    on = isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
+    return check_messages(
+        body.get("messages") or [],
+        thinking=on,
+        system_messages=takes_system_messages(str(body.get("model", ""))),
+    )
 
 
 def check_params(body: dict[str, Any]) -> list[str]:
@@ -174,7 +314,8 @@ def _check_cache(messages: list[dict[str, Any]]) -> list[str]:
 def _check_blocks(where: str, role: str, content: list[Any], tool_ids: set[str]) -> list[str]:
     errors = []
     seen_other = False
-    if any(_kind(b) in THINKING for b in content) and _kind(content[0]) not in THINKING:
+    lead = content[1:] if content and _kind(content[0]) == "compaction" else content
+    if any(_kind(b) in THINKING for b in lead) and _kind(lead[0]) not in THINKING:
         errors.append(
             f"{where}.content.0: If an assistant message contains any thinking blocks, the"
             " first block must be thinking or redacted_thinking"

@@ -25,7 +25,8 @@ from typing import Any, Literal
 import anthropic
 import httpx2
 
-from tests.support.anthropic_rules import check_messages, check_params
+from tests.support import binding
+from tests.support.anthropic_rules import check_params, check_request_messages
 
 DEFAULT_TEXT = "The user and the assistant fixed the login bug; tests still need to be written."
 
@@ -41,7 +42,9 @@ _ERROR_TYPES = {
     529: "overloaded_error",
 }
 
-Kind = Literal["ok", "status", "timeout", "disconnect", "invalid_json", "no_content"]
+Kind = Literal[
+    "ok", "status", "timeout", "disconnect", "invalid_json", "no_content", "reply", "stop"
+]
 
 
 @dataclass(frozen=True)
@@ -49,19 +52,37 @@ class Outcome:
     """One scripted answer: build them with the class methods."""
 
     kind: Kind
-    text: str = DEFAULT_TEXT
+    text: str | None = DEFAULT_TEXT
     status: int = 200
     retry_after: float | None = None
+    blocks: tuple[dict[str, Any], ...] = ()
+    code: str | None = None  # an error's `error.details.error_code`
 
     @classmethod
-    def ok(cls, text: str = DEFAULT_TEXT) -> Outcome:
-        """A 200 with one text block."""
+    def ok(cls, text: str | None = DEFAULT_TEXT) -> Outcome:
+        """A 200 with one text block (a compaction request: its summary; None: a
+        compaction block with null content, the API's no-op)."""
         return cls("ok", text=text)
 
     @classmethod
-    def error(cls, status: int, *, retry_after: float | None = None) -> Outcome:
-        """An error status with the API's error body (and a `retry-after` header if given)."""
-        return cls("status", status=status, retry_after=retry_after)
+    def reply(cls, *blocks: dict[str, Any]) -> Outcome:
+        """A 200 with these content blocks (a `tool_use` ends with `stop_reason`
+        "tool_use"); with thinking on, a signed thinking block comes first."""
+        return cls("reply", blocks=blocks)
+
+    @classmethod
+    def stop(cls, reason: str) -> Outcome:
+        """A compaction request answered without a block: `stop_reason` `reason`
+        (max_tokens, refusal, tool_use, end_turn, model_context_window_exceeded)."""
+        return cls("stop", text=reason)
+
+    @classmethod
+    def error(
+        cls, status: int, *, retry_after: float | None = None, code: str | None = None
+    ) -> Outcome:
+        """An error status with the API's error body (and a `retry-after` header, an
+        `error_code` such as `compaction_unavailable`, if given)."""
+        return cls("status", status=status, retry_after=retry_after, code=code)
 
     @classmethod
     def timeout(cls) -> Outcome:
@@ -84,24 +105,100 @@ class Outcome:
         return cls("no_content")
 
 
-def message_body(text: str, model: str, *, input_tokens: int = 10) -> dict[str, Any]:
+def message_body(
+    text: str,
+    model: str,
+    *,
+    input_tokens: int = 10,
+    content: list[dict[str, Any]] | None = None,
+    stop_reason: str = "end_turn",
+) -> dict[str, Any]:
     """A successful Messages API response body."""
+    blocks = content if content is not None else [{"type": "text", "text": text}]
     return {
         "id": f"msg_{uuid.uuid4().hex[:24]}",
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": [{"type": "text", "text": text}],
-        "stop_reason": "end_turn",
+        "content": blocks,
+        "stop_reason": stop_reason,
         "stop_sequence": None,
         "usage": {"input_tokens": input_tokens, "output_tokens": max(1, len(text) // 4)},
     }
 
 
-def error_body(status: int, message: str) -> dict[str, Any]:
-    """The API's error envelope for `status`."""
+def error_body(status: int, message: str, code: str | None = None) -> dict[str, Any]:
+    """The API's error envelope for `status` (with `error.details.error_code`)."""
     kind = _ERROR_TYPES.get(status, "api_error")
-    return {"type": "error", "error": {"type": kind, "message": message}}
+    error: dict[str, Any] = {"type": kind, "message": message}
+    if code is not None:
+        error["details"] = {"error_code": code}
+    return {"type": "error", "error": error}
+
+
+def _thinking_on(body: dict[str, Any]) -> bool:
+    thinking = body.get("thinking")
+    return isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
+
+
+def answer(body: dict[str, Any], outcome: Outcome, betas: str = "") -> tuple[int, dict[str, Any]]:
+    """What the API answers a well-formed `body` with under `outcome` (a success kind):
+    the prefix check on its thinking, then a reply (its thinking signed) or, for a
+    compaction request, the compaction block."""
+    if binding.enforced(body):
+        checked = binding.check(body)
+        if checked.invalid and not binding.drops(body):
+            message = binding.error_message(checked, binding.BETA in betas)
+            return 400, error_body(400, message)
+        body = binding.without(body, checked.invalid)
+    model = str(body["model"])
+    if body.get("compaction") is not None:
+        return 200, _compaction(body, outcome, model)
+    content = [dict(b) for b in outcome.blocks] or [{"type": "text", "text": outcome.text or ""}]
+    if _thinking_on(body):
+        content = [{"type": "thinking", "thinking": "", "signature": ""}, *content]
+        content = binding.sign(body, content, model)
+    stop = "tool_use" if any(b.get("type") == "tool_use" for b in content) else "end_turn"
+    text = "".join(str(b.get("text", "")) for b in content)
+    return 200, message_body(text, model, content=content, stop_reason=stop)
+
+
+def _compaction(body: dict[str, Any], outcome: Outcome, model: str) -> dict[str, Any]:
+    """The on-demand compaction's answer: the block alone, `stop_reason` "compaction"
+    (top-level usage 0, the cost in `usage.iterations`), or no block with another stop."""
+    if outcome.kind == "stop":
+        reply = message_body("", model, content=[], stop_reason=str(outcome.text))
+        return reply
+    summary = outcome.text if outcome.kind == "ok" else DEFAULT_TEXT
+    block = binding.compaction_block(body, summary)
+    reply = message_body("", model, content=[block], stop_reason="compaction")
+    reply["usage"] = {
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "iterations": [{"type": "compaction", "input_tokens": 100, "output_tokens": 50}],
+    }
+    return reply
+
+
+def _compaction_problems(body: dict[str, Any], betas: str) -> tuple[list[str], str | None]:
+    """What the API refuses in a compaction request, and its error code."""
+    if body.get("compaction") is None:
+        return [], None
+    if "compact-2026-09-04" not in betas:
+        return ["compaction: requires anthropic-beta: compact-2026-09-04"], None
+    if body.get("context_management") is not None:
+        return ["compaction: cannot be combined with context_management"], None
+    messages = body.get("messages") or []
+    if not any(m.get("role") in ("user", "assistant") for m in messages):
+        return ["messages holds nothing to summarize"], "compaction_nothing_to_summarize"
+    last = next((m for m in reversed(messages) if m.get("role") == "assistant"), None)
+    if last is messages[-1] and any(
+        isinstance(b, dict) and b.get("type") == "tool_use" for b in last.get("content") or []
+    ):
+        return ["the last assistant turn ends in a tool call with no result"], (
+            "compaction_incomplete_turn"
+        )
+    return [], None
 
 
 def check_request(body: object) -> list[str]:
@@ -120,7 +217,7 @@ def check_request(body: object) -> list[str]:
         return [*errors, "messages: a non-empty list is required"]
     if not all(isinstance(m, dict) for m in messages):
         return [*errors, "messages: every message must be an object"]
-    return errors + check_messages(messages)
+    return errors + check_request_messages(body)
 
 
 def _json_response(
@@ -160,17 +257,22 @@ class FakeAPI:
             body = json.loads(request.content)
         except ValueError:
             return _json_response(400, error_body(400, "request body is not valid JSON"))
+        betas = request.headers.get("anthropic-beta", "")
         problems = check_request(body)
+        more, code = _compaction_problems(body, betas) if isinstance(body, dict) else ([], None)
+        problems += more
         with self._lock:
             self.requests.append(body)
             self.headers.append(dict(request.headers))
             if problems:  # a bad request is answered like the API would; the script waits
-                return _json_response(400, error_body(400, "; ".join(problems)))
+                return _json_response(400, error_body(400, "; ".join(problems), code))
             outcome = self.script.popleft() if self.script else self.default
-        return _respond(outcome, request, body)
+        return _respond(outcome, request, body, betas)
 
 
-def _respond(outcome: Outcome, request: httpx2.Request, body: dict[str, Any]) -> httpx2.Response:
+def _respond(
+    outcome: Outcome, request: httpx2.Request, body: dict[str, Any], betas: str = ""
+) -> httpx2.Response:
     if outcome.kind == "timeout":
         raise httpx2.ReadTimeout("fake read timeout", request=request)
     if outcome.kind == "disconnect":
@@ -184,9 +286,9 @@ def _respond(outcome: Outcome, request: httpx2.Request, body: dict[str, Any]) ->
         return _json_response(200, message)
     if outcome.kind == "status":
         headers = {} if outcome.retry_after is None else {"retry-after": f"{outcome.retry_after:g}"}
-        error = error_body(outcome.status, f"fake {outcome.status}")
+        error = error_body(outcome.status, f"fake {outcome.status}", outcome.code)
         return _json_response(outcome.status, error, headers)
-    return _json_response(200, message_body(outcome.text, body["model"]))
+    return _json_response(*answer(body, outcome, betas))
 
 
 def _text(content: object) -> str:
@@ -268,7 +370,8 @@ class FakeAPIServer:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                status, body = server._answer(self.path, self._body())
+                betas = self.headers.get("anthropic-beta", "")
+                status, body = server._answer(self.path, self._body(), betas)
                 payload = json.dumps(body).encode()
                 if server.drip is not None:
                     self._drip(status, payload, server.drip)
@@ -303,16 +406,19 @@ class FakeAPIServer:
 
         return Handler
 
-    def _answer(self, path: str, body: object) -> tuple[int, dict[str, Any]]:
+    def _answer(self, path: str, body: object, betas: str = "") -> tuple[int, dict[str, Any]]:
         if path.split("?")[0] != "/v1/messages":
             return 404, error_body(404, f"no route {path}")
         problems = check_request(body)
-        if problems:
-            return 400, error_body(400, "; ".join(problems))
+        more, code = _compaction_problems(body, betas) if isinstance(body, dict) else ([], None)
+        if problems or more:
+            return 400, error_body(400, "; ".join(problems + more), code)
         assert isinstance(body, dict)
         time.sleep(self.latency)  # stands in for the model's latency, in the server's thread
-        self._count()
-        return 200, message_body(self.text, body["model"])
+        status, reply = answer(body, Outcome.ok(self.text), betas)
+        if status == 200:
+            self._count()
+        return status, reply
 
 
 def main() -> None:

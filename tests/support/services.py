@@ -51,6 +51,10 @@ def create_database(base_url: str, name: str) -> str:
 # an older layout (010: `wait_for`'s wait; 011: the window's definition and cut; 013: its
 # edge, inlined).
 CALLED_FUNCTIONS: Final = frozenset({8, 10, 11, 12, 13})
+# Migrations today's writer needs whole (014: the segments' columns and functions), applied
+# early but not recorded: `migrate` applies them again in order, which they allow (they
+# add what is missing, and leave threads that have a segment as they are).
+REAPPLIED: Final = frozenset({14})
 # The columns today's writer writes that a later migration adds (009: the running totals),
 # added under an older layout as that migration adds them (IF NOT EXISTS: it skips them,
 # or adds them again to the table 007 builds).
@@ -72,8 +76,9 @@ def migrate_layout(conn: psycopg.Connection[TupleRow], upto: int) -> list[str]:
             if version > upto:
                 conn.execute(columns)
         for m in migrations():
-            if m.version > upto and m.version in CALLED_FUNCTIONS:
+            if m.version > upto and m.version in CALLED_FUNCTIONS | REAPPLIED:
                 conn.execute(m.sql.encode())
+            if m.version > upto and m.version in CALLED_FUNCTIONS:
                 conn.execute(
                     "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
                     (m.version, m.name),

@@ -10,6 +10,7 @@ import anthropic.types as sdk
 import anthropic.types.tool_result_block_param as tool_result_param
 import msgspec
 import pytest
+from anthropic.types.beta import BetaCompactionBlockParam, BetaTextBlockParam
 
 from contextlog.producers.commands import Encoder
 from contextlog.producers.context import StoredMessage, build_context, estimate_tokens
@@ -37,11 +38,14 @@ def _tags(union: Any) -> set[str]:
 
 
 def test_the_contract_knows_every_block_type_of_the_installed_sdk() -> None:
-    """A new SDK release that adds a block type fails here, naming it."""
+    """A new SDK release that adds a block type fails here, naming it; the beta
+    `compaction` block is known too (a compaction block starts a context)."""
     api = _tags(sdk.ContentBlockParam) | _tags(sdk.ContentBlock)
     assert api - blocks.KNOWN_TYPES == set()
+    assert blocks.KNOWN_TYPES - api == {"compaction"}
+    assert _tags(BetaCompactionBlockParam | BetaTextBlockParam) - api == {"compaction"}
     assert _tags(tool_result_param.Content) - blocks.KNOWN_RESULT_TYPES == set()
-    assert set(PARAMS) == blocks.KNOWN_TYPES  # and each one has an example below
+    assert set(PARAMS) | {"compaction"} == blocks.KNOWN_TYPES  # examples below
 
 
 def _posted(role: str, content: list[dict[str, Any]]) -> ev.MessagePosted:
@@ -97,7 +101,7 @@ def test_a_block_type_not_known_yet_is_kept_opaque() -> None:
     event = _posted("user", [UNKNOWN])
     assert [msgspec.json.decode(r) for r in event.content] == [UNKNOWN]
     assert tokens_of(event) == len(msgspec.json.encode(UNKNOWN)) // 4
-    ctx = build_context([StoredMessage(1, "user", [UNKNOWN], 5)], budget=100)
+    ctx = build_context([StoredMessage(1, "user", [UNKNOWN], 5)])
     assert ctx.messages == [{"role": "user", "content": [UNKNOWN]}]
 
 
@@ -150,6 +154,6 @@ def test_every_block_round_trips_through_context_assembly() -> None:
         StoredMessage(2, "assistant", reply, 10),
         StoredMessage(3, "user", [PARAMS["tool_result"]], 10),
     ]
-    ctx = build_context(log, budget=10**6)
+    ctx = build_context(log)
     assert [m["content"] for m in ctx.messages] == [user, reply, [PARAMS["tool_result"]]]
     assert check_messages(ctx.messages, thinking=True) == []

@@ -102,6 +102,13 @@ EXAMPLES: list[ev.Event] = [
     ev.SessionDeleteRequested(session_id="2026-11-22_auth-refactor", **COMMON),
     ev.SessionsPurgeRequested(keep=3, **COMMON),
     ev.Configured(rolling_window=3600, idle_timeout=0, token_budget=8000, **COMMON),
+    ev.FrameSet(
+        model="claude-fable-5-1",
+        system=raw_blocks(ev.TextBlock(text="You are a bot.")),
+        tools=[msgspec.Raw(b'{"name": "lookup", "input_schema": {"type": "object"}}')],
+        **COMMON,
+    ),
+    ev.MessagePosted(role="system", content="Today is Tuesday.", **COMMON),
 ]
 
 
@@ -148,7 +155,8 @@ def test_oversized_entry_is_rejected_before_decoding() -> None:
         (raw(type="message.v9"), codec.UNKNOWN_TYPE),
         (raw(type=...), codec.UNKNOWN_TYPE),
         (b"[1, 2]", codec.INVALID),
-        (raw(role="system"), codec.INVALID),
+        (raw(role="developer"), codec.INVALID),
+        (raw(role="system", content=[{"type": "image", "source": {}}]), codec.INVALID),
         (raw(agent=""), codec.INVALID),
         (raw(agent="a" * 201), codec.INVALID),
         (raw(channel="gen\neral"), codec.INVALID),

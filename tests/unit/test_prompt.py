@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contextlog.producers.context import StoredMessage, build_context
+from contextlog.producers.context import Segment, StoredMessage, build_context
 from tests.support.anthropic_rules import check_messages, check_params
 from tests.support.blocks import conversation, thinking, use
 from tests.support.fake_anthropic import FakeAPI, client_for
@@ -31,11 +31,11 @@ def marks(kw: dict[str, Any]) -> int:
     return text.count('"cache_control"')
 
 
-def test_the_bots_system_and_tools_compose_with_the_preamble_in_cache_order() -> None:
-    ctx = build_context(stored([("user", "hi")]), budget=1000, system="Resumed session s1.")
+def test_the_bots_system_and_tools_compose_with_the_header_in_cache_order() -> None:
+    ctx = build_context(stored([("user", "hi")]), Segment(note="Resumed session s1."))
     kw = ctx.to_anthropic(system=BOT, tools=TOOLS)
     assert list(kw) == ["tools", "system", "messages"]
-    # The bot's prompt first (stable for its lifetime), our preamble after it.
+    # The bot's prompt first (stable for its lifetime), our header after it.
     assert kw["system"] == [
         {"type": "text", "text": BOT},
         {"type": "text", "text": "Resumed session s1."},
@@ -46,8 +46,8 @@ def test_the_bots_system_and_tools_compose_with_the_preamble_in_cache_order() ->
     assert fake.requests[-1]["system"][0]["text"] == BOT
 
 
-def test_without_a_preamble_the_bots_system_is_passed_as_given() -> None:
-    ctx = build_context(stored([("user", "hi")]), budget=1000)
+def test_without_a_header_the_bots_system_is_passed_as_given() -> None:
+    ctx = build_context(stored([("user", "hi")]))
     assert ctx.to_anthropic(system=BOT)["system"] == BOT
     blocks = [{"type": "text", "text": BOT}]
     assert ctx.to_anthropic(system=blocks)["system"] == blocks
@@ -57,11 +57,11 @@ def test_without_a_preamble_the_bots_system_is_passed_as_given() -> None:
 def test_cache_marks_the_bots_prompt_the_newest_turn_and_the_previous_one() -> None:
     convo = [("user", "q1"), ("assistant", "a1"), ("user", "q2"), ("assistant", "a2"),
              ("user", "q3")]  # fmt: skip
-    ctx = build_context(stored(convo), budget=1000, system="Summary: earlier talk.")
+    ctx = build_context(stored(convo), Segment(note="Summary: earlier talk."))
     kw = ctx.to_anthropic(system=BOT, tools=TOOLS, cache=True)
     eph = {"type": "ephemeral"}
     assert kw["system"][0]["cache_control"] == eph  # the bot's stable part
-    assert kw["system"][1]["cache_control"] == eph  # our preamble
+    assert kw["system"][1]["cache_control"] == eph  # our header
     assert kw["messages"][-1]["content"][-1]["cache_control"] == eph  # the newest turn
     assert kw["messages"][-3]["content"][-1]["cache_control"] == eph  # the previous end
     assert marks(kw) == 4
@@ -69,7 +69,7 @@ def test_cache_marks_the_bots_prompt_the_newest_turn_and_the_previous_one() -> N
 
 
 def test_breakpoints_the_adapter_set_count_against_the_four() -> None:
-    ctx = build_context(stored([("user", "q1"), ("assistant", "a1"), ("user", "q2")]), budget=1000)
+    ctx = build_context(stored([("user", "q1"), ("assistant", "a1"), ("user", "q2")]))
     tools = [{**t, "cache_control": {"type": "ephemeral"}} for t in TOOLS]  # 2 of its own
     own = [{"type": "text", "text": BOT, "cache_control": {"type": "ephemeral"}}]
     kw = ctx.to_anthropic(system=own, tools=tools, cache=True)
@@ -81,7 +81,7 @@ def test_a_breakpoint_is_never_put_on_thinking() -> None:
     convo = [("user", "q"), ("assistant", [thinking("1"), use("a")]),
              ("user", [{"type": "tool_result", "tool_use_id": "a", "content": "ok"}]),
              ("assistant", [thinking("2"), {"type": "text", "text": "so"}])]  # fmt: skip
-    kw = build_context(stored(convo), budget=1000).to_anthropic(cache=True)
+    kw = build_context(stored(convo)).to_anthropic(cache=True)
     assert check_messages(kw["messages"], thinking=True) == []  # the oracle refuses it
     last = kw["messages"][-1]["content"]
     assert "cache_control" not in last[0] and "cache_control" in last[-1]
@@ -92,12 +92,12 @@ def test_a_breakpoint_is_never_put_on_thinking() -> None:
     convo=conversation(True),
     budget=st.integers(30, 400),
     own=st.integers(0, 4),
-    preamble=st.sampled_from([None, "Summary of the earlier part: x."]),
+    header=st.sampled_from([None, "Summary of the earlier part: x."]),
 )
 def test_any_context_with_cache_is_accepted_and_unchanged(
-    convo: list[tuple[str, Any]], budget: int, own: int, preamble: str | None
+    convo: list[tuple[str, Any]], budget: int, own: int, header: str | None
 ) -> None:
-    ctx = build_context(stored(convo), budget=budget, system=preamble)
+    ctx = build_context(stored(convo), Segment(note=header))
     before = copy.deepcopy(ctx.messages)
     system = [
         {"type": "text", "text": f"rule {i}", "cache_control": {"type": "ephemeral"}}

@@ -79,28 +79,26 @@ def msg(seq: int, role: str, content: object, tokens: int = 10) -> StoredMessage
     return StoredMessage(seq, role, content, tokens)  # type: ignore[arg-type]
 
 
-def test_compaction_cuts_at_a_clean_user_turn_about_half_way() -> None:
-    use = [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]
-    res = [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]
+def test_a_restore_brings_back_the_newest_exchanges_that_fit() -> None:
     window = [
-        msg(1, "user", "q1"),
-        msg(2, "assistant", use),
-        msg(3, "user", res),  # answers a tool call: not a place to cut
-        msg(4, "assistant", "a1"),
-        msg(5, "user", "q2"),
-        msg(6, "assistant", "a2"),
-        msg(7, "user", "q3"),
-        msg(8, "assistant", "a3"),
+        msg(1, "user", "q1", 100),
+        msg(2, "assistant", "a1", 100),
+        msg(3, "user", "q2", 100),
+        msg(4, "assistant", [{"type": "tool_use", "id": "t", "name": "f", "input": {}}], 10),
+        msg(5, "user", [{"type": "tool_result", "tool_use_id": "t", "content": "ok"}], 10),
+        msg(6, "assistant", "a2", 100),
     ]
-    through = sessions.compaction_cut(window)
-    assert through == 4  # the first exchange (40 of 80 tokens) is half
-    rest = [m for m in window if m.seq > (through or 0)]
-    assert rest[0].role == "user" and isinstance(rest[0].content, str)
-    assert sessions.compaction_cut(window[:4]) is None  # one exchange: nothing to cut
+    assert [m.seq for m in sessions.fit_restored(window, 10**6)] == [1, 2, 3, 4, 5, 6]
+    assert [m.seq for m in sessions.fit_restored(window, 300)] == [3, 4, 5, 6]
+    assert [m.seq for m in sessions.fit_restored(window, 10)] == [3, 4, 5, 6]  # the newest
+    # Ending inside a tool-use cycle: the cycle goes (continued after the restore it
+    # would need the thinking a restore removes), its question stays.
+    assert [m.seq for m in sessions.fit_restored(window[:5], 10**6)] == [1, 2, 3]
+    assert [m.seq for m in sessions.fit_restored(window[:4], 10**6)] == [1, 2, 3]
 
 
-@given(st.lists(st.sampled_from(["q", "a", "use", "res"]), min_size=2, max_size=30))
-def test_what_remains_after_a_cut_is_a_valid_context(kinds: list[str]) -> None:
+@given(st.lists(st.sampled_from(["q", "a", "use", "res"]), min_size=1, max_size=30))
+def test_what_a_restore_brings_back_is_a_valid_context(kinds: list[str]) -> None:
     window, tool = [], 0
     for i, k in enumerate(kinds, start=1):
         if k == "use":
@@ -118,13 +116,10 @@ def test_what_remains_after_a_cut_is_a_valid_context(kinds: list[str]) -> None:
             )
         else:
             window.append(msg(i, "user" if k == "q" else "assistant", k))
-    through = sessions.compaction_cut(window)
-    if through is None:
-        return
-    rest = [m for m in window if m.seq > through]
-    ctx = build_context(rest, budget=10**9)
-    assert ctx.messages and check_messages(ctx.messages) == []
-    assert ctx.first_seq == through + 1  # nothing after the cut is dropped by repair
+    kept = sessions.fit_restored(window, 50)
+    ctx = build_context(kept)
+    assert check_messages(ctx.messages) == []
+    assert kept == window[len(window) - len(kept) :] or "q" in kinds
 
 
 def test_export_file_names_never_leave_the_folder(tmp_path: Path) -> None:

@@ -126,7 +126,7 @@ def test_persistent_500_fails_after_exactly_attempts_requests(
     assert result == Summary(FAILED_TEXT, failed=True)
     assert len(fake.requests) == 4
     assert sleeps == [1.0, 2.0, 4.0]
-    assert [e["event"] for e in logs] == ["summary.retry"] * 3 + ["summary.failed"]
+    assert [e["event"] for e in logs] == ["api.retry"] * 3 + ["summary.failed"]
     assert logs[-1]["error"] == "InternalServerError" and logs[-1]["status"] == 500
     assert "SESSION_SECRET" not in repr(logs) and "test-key" not in repr(logs)
 

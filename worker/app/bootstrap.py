@@ -31,9 +31,12 @@ from contextlog.worker.effects.relay import Relay
 from contextlog.worker.ingest.loop import Ingest
 from contextlog.worker.ingest.streams import Streams
 from contextlog.worker.store.eventlog import EventLog, PostgresEventLog, bound_waits
+
+if TYPE_CHECKING:
+    from contextlog.worker.tasks.compaction import ApiCompactor
 from contextlog.worker.store.migrations import migrate
 from contextlog.worker.tasks import idle
-from contextlog.worker.tasks.jobs import SUMMARIES, Jobs
+from contextlog.worker.tasks.queue import SUMMARIES, Jobs
 from contextlog.worker.tasks.rqworker import ContextlogWorker
 from contextlog.worker.tasks.sweeper import Heartbeat, Loop
 from contextlog.worker.tasks.timers import IDLE, Timers
@@ -86,9 +89,14 @@ def relay(
 
 
 def open_event_log(
-    settings: Settings, client: SyncClient | None = None, queue: redis.Redis | None = None
+    settings: Settings,
+    client: SyncClient | None = None,
+    queue: redis.Redis | None = None,
+    clock: Clock | None = None,
 ) -> Callable[[], EventLog]:
-    """A function opening the Postgres event log; connection failures become `Unavailable`."""
+    """A function opening the Postgres event log; connection failures become `Unavailable`.
+    `clock`: the time the log records (`events.recorded_at`), the process's."""
+    clock = clock or SystemClock()
     connect = pg_connector(settings)
     effects = relay(settings, client, queue)
 
@@ -96,7 +104,9 @@ def open_event_log(
         try:
             conn = connect()
             bound_waits(conn, settings.lease_seconds)
-            return PostgresEventLog(conn, defaults=settings.conversation, relay=effects)
+            return PostgresEventLog(
+                conn, defaults=settings.conversation, relay=effects, now=clock.now
+            )
         except psycopg.OperationalError as e:
             raise Unavailable(f"Postgres: {e}") from e
 
@@ -113,16 +123,24 @@ class Resources:
     summarizer: Summarizer
     clock: Clock
     timers: Timers
+    compactor: ApiCompactor | None = None  # the API's compaction (with an API key)
 
 
 def summarizer(settings: Settings) -> Summarizer:
     """The Anthropic summarizer when ANTHROPIC_API_KEY is set, the local one otherwise."""
+    return api_tools(settings)[0]
+
+
+def api_tools(settings: Settings) -> tuple[Summarizer, ApiCompactor | None]:
+    """The summarizer and the compactor: over the Anthropic API (one client) when
+    ANTHROPIC_API_KEY is set; else the local summarizer, and no compactor."""
     # Imported here: `anthropic` takes ~0.8 s to import, and ingest never needs it.
+    from contextlog.worker.tasks.compaction import ApiCompactor
     from contextlog.worker.tasks.deadline import Deadlines
     from contextlog.worker.tasks.summarize import AnthropicSummarizer, LocalSummarizer, make_client
 
     if not settings.anthropic_api_key:
-        return LocalSummarizer()
+        return LocalSummarizer(), None
     deadlines = Deadlines()  # CONTEXTLOG_SUMMARY_TIMEOUT is each request's whole budget
     client = make_client(
         settings.anthropic_api_key,
@@ -130,24 +148,27 @@ def summarizer(settings: Settings) -> Summarizer:
         timeout=settings.summary_timeout,
         deadlines=deadlines,
     )
-    return AnthropicSummarizer(
+    summaries = AnthropicSummarizer(
         client,
         settings.summary_model,
         attempts=settings.summary_attempts,
         deadlines=deadlines,
         budget=settings.summary_timeout,
     )
+    return summaries, ApiCompactor(client, summaries.retry, deadlines, settings.summary_timeout)
 
 
 def build_resources(settings: Settings, clock: Clock | None = None) -> Resources:
     """Resources for jobs; nothing connects until first used."""
+    summaries, compactor = api_tools(settings)
     return Resources(
         settings=settings,
         reader=ContextReader.from_url(settings.database_url, defaults=settings.conversation),
         producer=Producer(redis_client(settings), shards=settings.shards),
-        summarizer=summarizer(settings),
+        summarizer=summaries,
         clock=clock or SystemClock(),
         timers=Timers(queue_client(settings)),
+        compactor=compactor,
     )
 
 
@@ -193,7 +214,8 @@ def build_ingest(
     client = redis_client(settings)
     claim_shard_count(client, settings.shards)
     streams = Streams(client, settings.consumer)
-    return Ingest(settings, streams, open_event_log(settings, client), clock or SystemClock(), stop)
+    clock = clock or SystemClock()
+    return Ingest(settings, streams, open_event_log(settings, client, clock=clock), clock, stop)
 
 
 def tune_gc_for_batches() -> None:

@@ -17,7 +17,7 @@ from contextlog.schema import keys
 from contextlog.schema.queries import query
 from contextlog.worker.ingest import deadletters
 from contextlog.worker.ingest.streams import entry_time_ms, id_key, recent_failures
-from contextlog.worker.tasks.jobs import SUMMARIES
+from contextlog.worker.tasks.queue import SUMMARIES
 from contextlog.worker.tasks.rqworker import dead_because
 from contextlog.worker.tasks.sweeper import BEAT_S, heartbeat_key, pid_namespace
 from contextlog.worker.tasks.timers import IDLE

@@ -11,7 +11,7 @@ from contextlog.worker.effects.kinds import Arm, Compact, Effect, Notice, Summar
 from contextlog.worker.effects.notify import Notifier
 
 if TYPE_CHECKING:
-    from contextlog.worker.tasks.jobs import Jobs
+    from contextlog.worker.tasks.queue import Jobs
     from contextlog.worker.tasks.timers import Timers
 
 

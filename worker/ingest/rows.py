@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
-from contextlog.producers.context import estimate_tokens
+from contextlog.producers.context import clean_start, estimate_tokens
 from contextlog.schema import blocks
 from contextlog.schema import events as ev
 from contextlog.worker.store import projection
@@ -52,25 +52,28 @@ def _copy_str(value: str) -> str:
 
 class CopyText:
     """A round's rows in COPY text format (`copy_events`): each numbered from its
-    conversation's last seq before the round (`Applied.bases`), and a message given its
-    thread's running token total and whether it is late (`through` and `late`, migration
-    009) from the threads' before the round (`Applied.totals`).
+    conversation's last seq before the round (`Applied.bases`) and stamped with the
+    round's recorded time of its conversation (`Applied.times`), and a message given its
+    thread's running token total (`through`, migration 009) from the threads' before the
+    round (`Applied.totals`); `late` is false (nothing reads it since 014).
 
     A thread's names are escaped once a round, not once a row: formatting the rows was a
     fifth of ingest's Python time."""
 
-    __slots__ = ("_next_seq", "_parts", "_threads")
+    __slots__ = ("_next_seq", "_parts", "_threads", "_times")
 
     def __init__(
         self,
         bases: Mapping[tuple[str, str], int],
         before: Mapping[projection.ThreadKey, tuple[int, dt.datetime | None]],
+        times: Mapping[tuple[str, str], dt.datetime],
     ) -> None:
         self._next_seq = {conv: base + 1 for conv, base in bases.items()}
-        # thread -> [its names in COPY text, running total, latest message time]; every
-        # thread of a round's messages is in `advance_threads`' answer (a KeyError is a bug)
+        self._times = {conv: _time(at) for conv, at in times.items()}
+        # thread -> [its names in COPY text, running total]; every thread of a round's
+        # messages is in `advance_threads`' answer (a KeyError is a bug)
         self._threads: dict[projection.ThreadKey, list[Any]] = {
-            key: [None, through, latest] for key, (through, latest) in before.items()
+            key: [None, through] for key, (through, _latest) in before.items()
         }
         self._parts: list[bytes] = []
 
@@ -86,15 +89,14 @@ class CopyText:
             if thread[0] is None:
                 thread[0] = _names(row)
             thread[1] += row.tokens
-            late = thread[2] is not None and row.occurred_at < thread[2]
-            if not late:
-                thread[2] = row.occurred_at
-            names, totals = thread[0], f"{thread[1]}\t{'t' if late else 'f'}"
+            names, totals = thread[0], f"{thread[1]}\tf"
+        mark = _MARKS[row.mark]
         # The event id as 32 hex digits (`uuid` input takes them), cheaper than its
         # hyphenated form; the entry's bytes (already JSON) go as they came, escaped.
         head = (
             f"{a.event.event_id.hex}\t{names}{seq}\t{row.kind}\t"
-            f"{_time(row.occurred_at)}\t{row.tokens}\t{totals}\t"
+            f"{_time(a.event.occurred_at)}\t{row.tokens}\t{totals}\t{mark}\t"
+            f"{self._times[conv]}\t"
         )
         self._parts += (head.encode(), _copy_bytes(a.payload), b"\n")
         return seq
@@ -124,6 +126,7 @@ def insert_params(
         "times": [a.event.occurred_at for a in batch],
         "tokens": [r.tokens for r in rows],
         "payloads": [a.payload.decode() for a in batch],
+        "marks": [r.mark or None for r in rows],
     }
 
 
@@ -144,8 +147,11 @@ def unique(batch: Sequence[Accepted]) -> list[Accepted]:
     return out
 
 
-def row_of(event: ev.AnyEvent) -> projection.Row:
-    """What the projections need of an event."""
+_MARKS: Final = {0: "\\N", projection.OPENS: "1", projection.COMPACTS: "2"}
+
+
+def row_of(event: ev.AnyEvent, at: dt.datetime) -> projection.Row:
+    """What the projections need of an event logged at `at` (ingest's clock)."""
     settings = None
     if isinstance(event, ev.Configured):
         settings = {k: v for k in projection.SETTINGS if (v := getattr(event, k)) is not None}
@@ -154,11 +160,29 @@ def row_of(event: ev.AnyEvent) -> projection.Row:
         event.channel,
         event.thread or "",
         ev.TAGS[type(event)],  # `kind_of`, without a call: this runs for every event
-        event.occurred_at,
+        at,
         settings,
         tokens_of(event),
         event.source,
+        mark_of(event),
     )
+
+
+def mark_of(event: ev.AnyEvent) -> int:
+    """Where a boundary may fall (`projection.OPENS`, `COMPACTS`), or 0."""
+    if not isinstance(event, ev.MessagePosted):
+        return 0
+    if event.role == "user":
+        content = event.content
+        plain = content if isinstance(content, str) else blocks.decode_raw(content)
+        return projection.OPENS if clean_start("user", plain) else 0
+    if event.role == "assistant" and not isinstance(event.content, str):
+        raw = event.content
+        if any(b'"compaction"' in bytes(b) for b in raw) and blocks.starts_anew(
+            blocks.decode_raw(raw)
+        ):
+            return projection.COMPACTS
+    return 0
 
 
 def tokens_of(event: ev.AnyEvent) -> int:

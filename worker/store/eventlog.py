@@ -7,7 +7,7 @@ import datetime as dt
 import re
 import uuid
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final, NamedTuple, Protocol
@@ -116,10 +116,14 @@ class PostgresEventLog:
         *,
         defaults: ConversationDefaults | None = None,
         relay: Relay | None = None,
+        now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
         self.conn = conn
         self.defaults = defaults or ConversationDefaults()
         self.outbox = Outbox(conn, relay)
+        # The authoritative time of what a batch logs (`events.recorded_at`): ingest's
+        # clock, read once a batch, never a producer's.
+        self.now = now
 
     def append(self, shard: int, epoch: int, batch: Sequence[Accepted]) -> int:
         """See `EventLog.append`."""
@@ -198,12 +202,13 @@ class PostgresEventLog:
         # Messages only, so one round (`projection.rounds`): the batch grouped by
         # conversation, the order COPY writes a round in (positions follow it).
         batch = next(projection.rounds(batch, _conversation, lambda a: False))
-        rows = [row_of(a.event) for a in batch]
+        at = self.now()
+        rows = [row_of(a.event, at) for a in batch]
         convs, threads = projection.fold(rows)
         params = {
             **checkpoint,
             **insert_params(batch, rows),
-            **projection.change_params(convs, threads, self.defaults.token_budget),
+            **projection.change_params(convs, threads, self.defaults),
         }
         self.conn.autocommit = True
         try:
@@ -214,9 +219,12 @@ class PostgresEventLog:
         finally:
             if self.conn.info.transaction_status == IDLE:
                 self.conn.autocommit = False
-        # A conversation's answer has no thread.
+        # A conversation's answer has no thread (nor a recorded time: no round of COPY
+        # needs it).
         conversations = [
-            (a, c, seq, idle, at) for a, c, t, seq, idle, at, _, _ in answers if t is None
+            (a, c, seq, idle, latest, at)
+            for a, c, t, seq, idle, latest, _, _ in answers
+            if t is None
         ]
         thread_answers = [
             (a, c, t, through, at, compact)
@@ -270,21 +278,26 @@ class PostgresEventLog:
         then apply the commands that end the round."""
         effects: list[Effect] = []
         after = _After(self.defaults)
-        with_rows = [(a, row_of(a.event)) for a in fresh]
-        for segment in projection.rounds(with_rows, _row_conversation, _row_is_command):
+        at = self.now()
+        with_rows = [(a, row_of(a.event, at)) for a in fresh]
+        for segment in projection.rounds(
+            with_rows, _row_conversation, _row_is_command, _row_is_setting
+        ):
             rows = [row for _, row in segment]
-            applied = projection.apply(cur, *projection.fold(rows), self.defaults.token_budget)
-            after.add(applied)
-            copied = CopyText(applied.bases, applied.totals)
+            convs, threads = projection.fold(rows)
+            applied = projection.apply(cur, convs, threads, self.defaults)
+            copied = CopyText(applied.bases, applied.totals, applied.times)
             commands = []
             for a, row in segment:
                 seq = copied.add(a, row)
                 if row.kind in COMMANDS:
-                    commands.append((a.event, seq))
+                    commands.append((a.event, seq, applied.times[(row.agent, row.channel)]))
             with cur.copy(query("copy_events")) as copy:
                 copy.write(copied.text())
-            for event, seq in commands:
-                effects += handle(cur, event, seq, self.defaults)
+            compact = projection.segments(cur, convs, threads, self.defaults)
+            after.add(applied._replace(to_compact=compact))
+            for event, seq, logged in commands:
+                effects += handle(cur, event, seq, logged, self.defaults)
         return effects + after.effects()
 
 
@@ -326,8 +339,12 @@ def _one_statement(
         # A transaction left open on the connection (none is) would be nested: COPY then.
         and conn.info.transaction_status == IDLE
         and len(batch) <= ONE_STATEMENT_MAX
-        and not any(a.blobs or ev.kind_of(a.event) in COMMANDS for a in batch)
+        # Commands and settings take rounds of their own (`_insert`).
+        and not any(a.blobs or ev.kind_of(a.event) in _ROUNDS for a in batch)
     )
+
+
+_ROUNDS: Final = COMMANDS | {projection.CONFIGURE}
 
 
 def _conversation(a: Accepted) -> tuple[str, str]:
@@ -340,6 +357,10 @@ def _row_conversation(item: tuple[Accepted, projection.Row]) -> tuple[str, str]:
 
 def _row_is_command(item: tuple[Accepted, projection.Row]) -> bool:
     return item[1].kind in COMMANDS
+
+
+def _row_is_setting(item: tuple[Accepted, projection.Row]) -> bool:
+    return item[1].kind == projection.CONFIGURE
 
 
 class MemoryEventLog:

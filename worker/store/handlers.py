@@ -12,9 +12,11 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
+import msgspec
 import psycopg
 from psycopg.rows import TupleRow, class_row
 
+from contextlog.producers.context import CUT_AT, StoredMessage, estimate_tokens
 from contextlog.producers.history import SessionMessage
 from contextlog.schema import events as ev
 from contextlog.schema import notices as nt
@@ -74,18 +76,49 @@ def _key(e: ev.Event) -> dict[str, Any]:
     return {"agent": e.agent, "channel": e.channel}
 
 
-def on_clear(cur: Cursor, e: ev.ContextCleared, seq: int, d: ConversationDefaults) -> list[Effect]:
-    """The marker moved in the fold; here the restored session and compactions go."""
+def on_clear(
+    cur: Cursor, e: ev.ContextCleared, seq: int, at: dt.datetime, d: ConversationDefaults
+) -> list[Effect]:
+    """The marker moved in the fold; here the restored session goes and every thread
+    starts an empty segment (a boundary), told of an idle-timeout save just before."""
     cur.execute(query("forget_restore"), _key(e))
-    cur.execute(query("reset_threads"), _key(e))
+    saved = cur.execute(query("auto_saved_before"), {**_key(e), "seq": seq}).fetchone()
+    note = None
+    if saved is not None:
+        note = (
+            f"The conversation before this point was saved as session {saved[0]} after a "
+            "pause, and can be restored."
+        )
+    clear_segments(cur, e, seq, at, "clear", note)
     return []
 
 
+def clear_segments(
+    cur: Cursor,
+    e: ev.Event,
+    seq: int,
+    at: dt.datetime,
+    kind: str,
+    note: str | None,
+    note_session: str | None = None,
+) -> None:
+    """Every thread of the conversation starts an empty segment after `seq`."""
+    params = {
+        **_key(e),
+        "seq": seq,
+        "at": at,
+        "kind": kind,
+        "note": note,
+        "note_session": note_session,
+    }
+    cur.execute(query("clear_segments"), params)
+
+
 def on_save(
-    cur: Cursor, e: ev.SessionSaveRequested, seq: int, d: ConversationDefaults
+    cur: Cursor, e: ev.SessionSaveRequested, seq: int, at: dt.datetime, d: ConversationDefaults
 ) -> list[Effect]:
     """Snapshot the whole window (positions, not copies) as a new session."""
-    params = {**_key(e), "seq": seq, "at": e.occurred_at, "default_window": d.rolling_window}
+    params = {**_key(e), "seq": seq, "at": at, "default_window": d.rolling_window}
     rows = _rows_as(cur, SessionMessage).execute(query("save_window"), params).fetchall()
     if not rows:
         return refused(e, "nothing to save: the context window is empty")
@@ -94,6 +127,7 @@ def on_save(
         cur,
         e,
         seq,
+        at,
         rows,
         description=e.description,
         base=None,
@@ -107,6 +141,7 @@ def create_session(
     cur: Cursor,
     e: ev.Event,
     seq: int,
+    at: dt.datetime,
     rows: list[SessionMessage],
     *,
     description: str | None,
@@ -118,7 +153,7 @@ def create_session(
     extra: dict[str, Any] | None = None,
 ) -> list[Effect]:
     """Insert a session over the messages `rows`, oldest first."""
-    created = created_at or e.occurred_at
+    created = created_at or at
     wanted = base or sessions.session_id(created, description, first, ())
     ids = cur.execute(query("session_ids_from"), {**_key(e), "base": wanted})
     taken = {session_id for (session_id,) in ids}
@@ -174,47 +209,77 @@ def _find(cur: Cursor, e: ev.Event, ref: str) -> FoundSession | str:
 
 
 def on_restore(
-    cur: Cursor, e: ev.SessionRestoreRequested, seq: int, d: ConversationDefaults
+    cur: Cursor, e: ev.SessionRestoreRequested, seq: int, at: dt.datetime, d: ConversationDefaults
 ) -> list[Effect]:
-    """Clear, then bring the session's messages back as recent."""
+    """Clear, then bring the session's messages back as recent: each thread's segment
+    begins with its messages (the newest exchanges that fit the budget), their thinking
+    removed (its prefix is gone), under a header that names the session."""
     found = _find(cur, e, e.session_id)
     if isinstance(found, str):
         return refused(e, found)
     sid, seqs = found.session_id, list(found.seqs)
-    params = {**_key(e), "seq": seq, "at": e.occurred_at, "seqs": seqs, "session_id": sid}
+    params = {**_key(e), "seq": seq, "at": at, "seqs": seqs, "session_id": sid}
     cur.execute(query("restore_conversation"), params)
-    cur.execute(query("reset_threads"), params)
-    cur.execute(query("restored_threads"), params)
+    created = cur.execute(query("session_created"), params).fetchone()
+    note = sessions.restore_note(sid, created[0] if created else None, found.summary)
+    clear_segments(cur, e, seq, at, "restore", note, None if found.summary else sid)
+    budget = cur.execute(query("conversation_budget"), {**_key(e), "default": d.token_budget})
+    (limit,) = budget.fetchone() or (d.token_budget,)
+    by_thread = _restored_by_thread(cur, params)
+    for thread, kept in by_thread.items():
+        kept = sessions.fit_restored(kept, int(CUT_AT * limit) - estimate_tokens(note))
+        others = sorted(t for t in by_thread if t != thread) or None
+        cur.execute(
+            query("restore_segment"),
+            {
+                **params,
+                "thread": thread,
+                "seqs": [m.seq for m in kept],
+                "tokens": sum(m.tokens for m in kept),
+                "note": note,
+                "note_session": None if found.summary else sid,
+                "threads": others,
+            },
+        )
     text = f"restored session {sid} ({len(seqs)} messages)"
     return notice(e, nt.RESTORE_DONE, text, session_id=sid)
 
 
+def _restored_by_thread(cur: Cursor, params: dict[str, Any]) -> dict[str, list[StoredMessage]]:
+    """A session's messages, each thread's oldest first."""
+    out: dict[str, list[StoredMessage]] = {}
+    for seq, thread, tokens, role, content in cur.execute(query("restored_messages"), params):
+        out.setdefault(thread, []).append(StoredMessage(seq, role, content, tokens))
+    return out
+
+
 def on_delete(
-    cur: Cursor, e: ev.SessionDeleteRequested, seq: int, d: ConversationDefaults
+    cur: Cursor, e: ev.SessionDeleteRequested, seq: int, at: dt.datetime, d: ConversationDefaults
 ) -> list[Effect]:
     """Hide one session of this conversation."""
     found = _find(cur, e, e.session_id)
     if isinstance(found, str):
         return refused(e, found)
     sid = found.session_id
-    cur.execute(query("delete_session"), {**_key(e), "at": e.occurred_at, "session_id": sid})
+    cur.execute(query("delete_session"), {**_key(e), "at": at, "session_id": sid})
     return notice(e, nt.SESSION_DELETED, f"deleted session {sid}", session_id=sid)
 
 
 def on_purge(
-    cur: Cursor, e: ev.SessionsPurgeRequested, seq: int, d: ConversationDefaults
+    cur: Cursor, e: ev.SessionsPurgeRequested, seq: int, at: dt.datetime, d: ConversationDefaults
 ) -> list[Effect]:
     """Hide all but the newest `keep` sessions."""
-    params = {**_key(e), "at": e.occurred_at, "keep": e.keep}
+    params = {**_key(e), "at": at, "keep": e.keep}
     gone = cur.execute(query("purge_sessions"), params).fetchall()
     text = f"deleted {len(gone)} sessions, kept the newest {e.keep}"
     return notice(e, nt.SESSIONS_PURGED, text)
 
 
 def on_summary(
-    cur: Cursor, e: ev.SummaryGenerated, seq: int, d: ConversationDefaults
+    cur: Cursor, e: ev.SummaryGenerated, seq: int, at: dt.datetime, d: ConversationDefaults
 ) -> list[Effect]:
-    """Fill in a session's summary and tell the adapter that saved it."""
+    """Fill in a session's summary and tell the adapter that saved it; a resumed
+    session's threads get it as a note where it landed."""
     params = {
         **_key(e),
         "session_id": e.session_id,
@@ -225,6 +290,9 @@ def on_summary(
     row = cur.execute(query("set_summary"), params).fetchone()
     if row is None:
         return []  # a session that is gone or already summarised
+    if not e.failed:
+        text = f"The summary of the resumed session {e.session_id}: {e.summary}"
+        cur.execute(query("note_summary"), {**params, "seq": seq, "text": text})
     source, auto = row
     return notice(
         e,
@@ -239,30 +307,75 @@ def on_summary(
 
 
 def on_compaction(
-    cur: Cursor, e: ev.ContextCompacted, seq: int, d: ConversationDefaults
+    cur: Cursor, e: ev.ContextCompacted, seq: int, at: dt.datetime, d: ConversationDefaults
 ) -> list[Effect]:
-    """Replace the thread's messages through `through_seq` by the summary in context."""
-    params = {
-        **_key(e),
-        "thread": e.thread or "",
-        "through": e.through_seq,
-        "summary": e.summary,
-        "seq": seq,
-        "base_seq": e.base_seq,
-        "seen": e.seen_seq,
-        "remaining": e.remaining_tokens,
-    }
-    done = cur.execute(query("compact_thread"), params).fetchone()
-    if done is None or e.through_seq == 0:
+    """A compaction of a thread's segment through `through_seq`, if that segment is still
+    the one the job read: the API's block replaces those messages now (what came after
+    follows it unchanged, thinking included); our own summary lands at the thread's next
+    opening message (a boundary, never inside a tool-use cycle)."""
+    key = {**_key(e), "thread": e.thread or ""}
+    found = cur.execute(query("segment_of"), key).fetchone()
+    if found is None or e.through_seq == 0 or not _current(cur, e, found[0]):
         return []
-    _thread, source = done
+    if ev.given(e.block):
+        block = bytes(e.block).decode()
+        params = {
+            **key,
+            "through": e.through_seq,
+            "block": block,
+            "block_tokens": estimate_tokens([msgspec.json.decode(block)]),
+            "seq": seq,
+        }
+        cur.execute(query("compact_segment"), params)
+        cur.execute(query("recount_segment"), key)
+    else:
+        pending = {**key, "summary": e.summary, "through": e.through_seq}
+        cur.execute(query("pend_summary"), pending)
+    source = cur.execute(query("conversation_source"), key).fetchone()
     text = f"compacted the conversation up to message {e.through_seq}"
     # A job wrote the event, so it names no adapter: tell the conversation's.
-    return notice(e, nt.CONTEXT_COMPACTED, text, source=source, local=e.local)
+    return notice(
+        e, nt.CONTEXT_COMPACTED, text, source=source[0] if source else None, local=e.local
+    )
+
+
+def _current(cur: Cursor, e: ev.ContextCompacted, boundaries: int) -> bool:
+    """Whether the segment the job read is still the thread's: no boundary since (events
+    written before boundaries were counted: no clear or restore since)."""
+    if e.boundaries is not None:
+        return e.boundaries == boundaries
+    row = cur.execute(query("cleared_seq"), _key(e)).fetchone()
+    return row is not None and int(row[0]) == e.base_seq
+
+
+def on_frame(
+    cur: Cursor, e: ev.FrameSet, seq: int, at: dt.datetime, d: ConversationDefaults
+) -> list[Effect]:
+    """Keep the bot's frame; a changed system prompt or tool list is a boundary."""
+    frame = {
+        "model": e.model,
+        "system": _raw_json(e.system),
+        "tools": None if e.tools is None else [_raw_json(t) for t in e.tools],
+        "thinking": _raw_json(e.thinking) if ev.given(e.thinking) else None,
+    }
+    params = {**_key(e), "seq": seq, "frame": msgspec.json.encode(frame).decode()}
+    row = cur.execute(query("set_frame"), params).fetchone()
+    if row is not None and row[0]:
+        cur.execute(query("frame_boundary"), params)
+    return []
+
+
+def _raw_json(value: Any) -> Any:
+    """A value of an event as plain JSON (raw blocks decoded)."""
+    if isinstance(value, msgspec.Raw):
+        return msgspec.json.decode(value)
+    if isinstance(value, list):
+        return [_raw_json(v) for v in value]
+    return value
 
 
 def on_import(
-    cur: Cursor, e: ev.SessionImported, seq: int, d: ConversationDefaults
+    cur: Cursor, e: ev.SessionImported, seq: int, at: dt.datetime, d: ConversationDefaults
 ) -> list[Effect]:
     """Make a session of the messages the import pushed just before."""
     params = {**_key(e), "seq": seq, "import_id": str(e.import_id), "count": e.message_count}
@@ -275,6 +388,7 @@ def on_import(
         cur,
         e,
         seq,
+        at,
         rows,
         description=e.description,
         base=base,
@@ -285,7 +399,7 @@ def on_import(
     )
 
 
-Handler = Callable[[Cursor, Any, int, ConversationDefaults], list[Effect]]
+Handler = Callable[[Cursor, Any, int, dt.datetime, ConversationDefaults], list[Effect]]
 HANDLERS: dict[type, Handler] = {
     ev.ContextCleared: on_clear,
     ev.SessionSaveRequested: on_save,
@@ -295,14 +409,15 @@ HANDLERS: dict[type, Handler] = {
     ev.SummaryGenerated: on_summary,
     ev.ContextCompacted: on_compaction,
     ev.SessionImported: on_import,
+    ev.FrameSet: on_frame,
 }
 # The kinds after which ingest splits a batch (they read the projections as of themselves).
 COMMANDS = frozenset(ev.TAGS[cls] for cls in HANDLERS)
 
 
 def handle(
-    cur: Cursor, event: ev.AnyEvent, seq: int, defaults: ConversationDefaults
+    cur: Cursor, event: ev.AnyEvent, seq: int, at: dt.datetime, defaults: ConversationDefaults
 ) -> list[Effect]:
-    """Apply a command event at log position `seq`; returns its effects."""
+    """Apply a command event at log position `seq`, recorded at `at`; returns its effects."""
     handler = HANDLERS.get(type(event))
-    return handler(cur, event, seq, defaults) if handler else []
+    return handler(cur, event, seq, at, defaults) if handler else []

@@ -37,7 +37,7 @@ def rebuild(
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (REBUILD_LOCK,))
         (total,) = conn.execute("SELECT count(*) FROM events").fetchone() or (0,)
-        conn.execute("TRUNCATE conversations, threads, sessions")
+        conn.execute("TRUNCATE conversations, threads, sessions, notes")
         with conn.cursor(name="contextlog_replay") as source, conn.cursor() as cur:
             source.itersize = chunk
             source.execute(query("replay_events"), {"with_payload": [*COMMANDS, CONFIGURE]})
@@ -54,12 +54,15 @@ def _replay(
 ) -> None:
     """Fold a chunk round by round, applying the commands as live ingest does."""
     events, commands = _replayed(rows)
-    for segment in projection.rounds(events, _conversation, _is_command):
-        projection.apply(cur, *projection.fold(segment), d.token_budget)
+    for segment in projection.rounds(events, _conversation, _is_command, _is_setting):
+        convs, threads = projection.fold(segment)
+        projection.apply(cur, convs, threads, d)
+        projection.segments(cur, convs, threads, d)
         for row in segment:
             if _is_command(row):
                 seq, payload = commands[id(row)]
-                handle(cur, codec.decode(payload.encode(), 1 << 30, check=False), seq, d)
+                event = codec.decode(payload.encode(), 1 << 30, check=False)
+                handle(cur, event, seq, row.at, d)
 
 
 def _replayed(
@@ -69,9 +72,9 @@ def _replayed(
     by the id of its row. Unpacked, not `class_row`: a rebuild reads the whole log."""
     events = []
     commands = {}
-    for agent, channel, thread, kind, occurred_at, tokens, seq, payload, source in rows:
+    for agent, channel, thread, kind, at, tokens, seq, payload, source, mark in rows:
         settings = projection.settings_of(json.loads(payload)) if kind == CONFIGURE else None
-        row = projection.Row(agent, channel, thread, kind, occurred_at, settings, tokens, source)
+        row = projection.Row(agent, channel, thread, kind, at, settings, tokens, source, mark or 0)
         events.append(row)
         if kind in COMMANDS:
             commands[id(row)] = (seq, payload)
@@ -84,3 +87,7 @@ def _conversation(row: projection.Row) -> tuple[str, str]:
 
 def _is_command(row: projection.Row) -> bool:
     return row.kind in COMMANDS
+
+
+def _is_setting(row: projection.Row) -> bool:
+    return row.kind == CONFIGURE

@@ -1,4 +1,4 @@
-"""Pure rules of saved sessions: ids, slugs, previews, and where a compaction cuts."""
+"""Pure rules of saved sessions: ids, slugs, previews, and what a restore brings back."""
 
 from __future__ import annotations
 
@@ -9,15 +9,12 @@ import unicodedata
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from contextlog.producers.context import StoredMessage, merge_turns, repair, units
+from contextlog.producers.context import StoredMessage, clean_start
 
 MAX_SLUG = 40
 PREVIEW_CHARS = 80
 HASH_CHARS = 6
 LAST = "last"
-# Compact when a window passes this share of its token budget: the one home of the rule
-# (`over_threshold` here, and the queries `advance_threads` and `threads_to_compact`).
-COMPACT_AT = 0.75
 
 _NOT_SLUG = re.compile(r"[^a-z0-9-]+")
 _HYPHENS = re.compile(r"-{2,}")
@@ -84,24 +81,47 @@ def preview(first_message: str) -> str:
     return line if len(line) <= PREVIEW_CHARS else line[: PREVIEW_CHARS - 1] + "…"
 
 
-def over_threshold(window_tokens: int, budget: int) -> bool:
-    """Whether a window is large enough to compact."""
-    return window_tokens > COMPACT_AT * budget
+def restore_note(session_id: str, saved: dt.datetime | None, summary: str | None) -> str:
+    """The header of a restored session's segments: what was resumed, and its summary
+    (frozen with the segment: a summary that lands later is appended as a note)."""
+    when = f" (saved {saved:%Y-%m-%d %H:%M UTC})" if saved else ""
+    said = summary or "(its summary is still being written)"
+    return f"Resumed saved session {session_id}{when}. Its summary: {said}"
 
 
-def compaction_cut(messages: Sequence[StoredMessage]) -> int | None:
-    """The seq through which the oldest half of a window (whole exchanges) is summarised.
+def fit_restored(messages: Sequence[StoredMessage], room: int) -> list[StoredMessage]:
+    """The newest exchanges of a restored thread that fit in `room` tokens: the longest
+    tail that starts at an opening user message; the newest exchange alone when none
+    fits; all of them when none opens an exchange (the context starts at its first)."""
+    starts = {i for i, m in enumerate(messages) if clean_start(m.role, m.content)}
+    if not starts:
+        return list(messages)
+    kept = list(messages[: _closed(messages, max(starts))])
+    best, total = max(starts), 0
+    for i in range(len(kept) - 1, -1, -1):
+        total += kept[i].tokens
+        if total > room:
+            break
+        if i in starts:
+            best = i
+    return kept[best:]
 
-    Exchanges start at a user turn that answers no tool call, so what is left after
-    the cut starts cleanly. None when the window is a single exchange.
-    """
-    exchanges = units(repair(merge_turns(messages)))
-    if len(exchanges) < 2:
-        return None
-    total = sum(t.tokens for unit in exchanges for t in unit)
-    done = 0
-    for i, unit in enumerate(exchanges[:-1]):
-        done += sum(t.tokens for t in unit)
-        if done * 2 >= total or i == len(exchanges) - 2:
-            return exchanges[i + 1][0].first_seq - 1
-    return None  # pragma: no cover - the loop always returns
+
+def _closed(messages: Sequence[StoredMessage], last_start: int) -> int:
+    """Where a restored thread ends: after the whole session, unless it ends inside a
+    tool-use cycle (a call waiting for its result, or results waiting for the answer);
+    then right after the message that opened that cycle. A cycle continued after the
+    restore would need the thinking it began with, which a restore removes."""
+    tail = [m for m in messages[last_start + 1 :] if m.role != "system"]
+    if not tail:
+        return len(messages)
+    last = tail[-1]
+    calls = last.role == "assistant" and _has(last.content, "tool_use")
+    answers = last.role == "user" and _has(last.content, "tool_result")
+    return last_start + 1 if calls or answers else len(messages)
+
+
+def _has(content: Any, kind: str) -> bool:
+    return isinstance(content, list) and any(
+        isinstance(b, dict) and b.get("type") == kind for b in content
+    )

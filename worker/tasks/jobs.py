@@ -1,4 +1,5 @@
-"""RQ jobs on the `summaries` queue: session summaries and context compaction.
+"""RQ jobs on the `summaries` queue: session summaries and context compaction (queued by
+tasks/queue.py).
 
 Job functions are thin: they take the process's resources (built once by
 `bootstrap.resources`) and call the core below, which tests call with fakes. A job's
@@ -9,181 +10,25 @@ runs twice (a redelivery, a second enqueue) stores its result once.
 
 from __future__ import annotations
 
-import datetime as dt
-import hashlib
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING
 
 import msgspec
-import redis
 import structlog
-from rq import Queue
-from rq.exceptions import DuplicateJobError, NoSuchJobError
-from rq.executions import ExecutionRegistry
-from rq.job import JobStatus
 
-from contextlog.producers.context import StoredMessage
+from contextlog.producers.context import COMPACT_AT
 from contextlog.producers.ids import derived_id
-from contextlog.producers.reader import ContextReader, stored, window_params
 from contextlog.schema import events as ev
 from contextlog.schema.errors import EventRejected, Refused
 from contextlog.schema.queries import query
 from contextlog.worker.app import metrics
-from contextlog.worker.store import sessions
-from contextlog.worker.tasks import idle
+from contextlog.worker.tasks import compaction, idle
+from contextlog.worker.tasks.queue import JOB_SOURCE, SETTLE_S, compaction_claim
 
 if TYPE_CHECKING:
     from contextlog.worker.app.bootstrap import Resources
-    from contextlog.worker.tasks.summarize import Summarizer, Summary
+    from contextlog.worker.tasks.summarize import Summary
 
 log = structlog.get_logger("contextlog.jobs")
-
-SUMMARIES: Final = "summaries"
-JOB_SOURCE: Final = "contextlog-jobs"  # the namespace of derived result event ids
-RESULT_TTL: Final = 3600  # finished jobs stay visible in rq-dashboard for an hour
-FAILURE_TTL: Final = 7 * 86400
-_DEAD: Final = (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED)
-
-
-# SET NX EX over every key: 1 where this call took the claim.
-_CLAIM = """
-local out = {}
-for i, key in ipairs(KEYS) do
-  out[i] = redis.call('SET', key, '1', 'NX', 'EX', ARGV[1]) and 1 or 0
-end
-return out
-"""
-CLAIM_TTL_S: Final = 600  # a compaction claim outlives a job that died by this much
-SETTLE_S: Final = 10  # after a compaction, time for its event to land before the next
-
-
-def compaction_claim(agent: str, channel: str) -> str:
-    """The key that says a compaction of the conversation is queued or running."""
-    return f"contextlog:compacting:{{{job_key(agent, channel)}}}"
-
-
-def job_key(*parts: str) -> str:
-    """A short, stable job id part for a conversation-scoped job (ids must be safe)."""
-    return hashlib.sha1("\x00".join(parts).encode()).hexdigest()[:20]
-
-
-class Jobs:
-    """Enqueues contextlog's jobs; a job still queued or running is not queued twice."""
-
-    def __init__(self, client: redis.Redis, job_timeout: int = 300) -> None:
-        self.summaries = Queue(SUMMARIES, connection=client)
-        self.job_timeout = job_timeout
-        self._claim = client.register_script(_CLAIM)
-
-    def summarize(self, agent: str, channel: str, session_id: str) -> bool:
-        """Queue the summary of a saved session; False if it is already queued."""
-        return self._enqueue(
-            "contextlog.worker.tasks.jobs.summarize_session",
-            (agent, channel, session_id),
-            job_id=f"summarize-{job_key(agent, channel, session_id)}",
-            description=f"summarize session {session_id} ({agent}/{channel})",
-            result_ttl=RESULT_TTL,
-        )
-
-    def compact_many(self, convs: Sequence[tuple[str, str]]) -> int:
-        """Queue compactions for conversations that have none claimed: one Redis call
-        claims them all (a conversation over the threshold triggers on every batch until
-        its compaction lands). Returns how many were queued."""
-        if not convs:
-            return 0
-        claimed: Any = self._claim(
-            keys=[compaction_claim(a, c) for a, c in convs], args=[CLAIM_TTL_S]
-        )
-        return sum(self.compact(a, c) for (a, c), ok in zip(convs, claimed, strict=True) if ok)
-
-    def compact(self, agent: str, channel: str) -> bool:
-        """Queue a compaction of a conversation; at most one is queued or running."""
-        return self._enqueue(
-            "contextlog.worker.tasks.jobs.compact_conversation",
-            (agent, channel),
-            job_id=f"compact-{job_key(agent, channel)}",
-            description=f"compact context ({agent}/{channel})",
-            # Removed when done, so the next compaction of this conversation can queue.
-            result_ttl=0,
-        )
-
-    def _enqueue(
-        self,
-        func: str,
-        args: tuple[str, ...],
-        *,
-        job_id: str,
-        description: str,
-        result_ttl: int,
-        replace: bool = True,
-    ) -> bool:
-        try:
-            self.summaries.enqueue_call(
-                func,
-                args=args,
-                job_id=job_id,
-                description=description,
-                timeout=self.job_timeout,
-                result_ttl=result_ttl,
-                failure_ttl=FAILURE_TTL if result_ttl else 300,
-                unique=True,  # refused, not overwritten, while the id is taken
-            )
-        except DuplicateJobError:
-            if not replace or not self._delete_dead(job_id):
-                return False
-            # Once only: a job that reappeared meanwhile was queued by someone else.
-            return self._enqueue(
-                func,
-                args,
-                job_id=job_id,
-                description=description,
-                result_ttl=result_ttl,
-                replace=False,
-            )
-        return True
-
-    def _delete_dead(self, job_id: str) -> bool:
-        """Free a job id held by a failed or stopped job (a worker died in it), or by one
-        said to be queued that is in no queue (a worker killed between RQ's pop and its
-        start mark loses it so); one still queued, scheduled or running is left alone.
-        True when the id is free now."""
-        job = self.summaries.fetch_job(job_id)
-        if job is None:
-            return True  # gone between the refusal and now: the id is free
-        status = job.get_status(refresh=True)
-        lost = status == JobStatus.QUEUED and self._not_in_queue(job_id)
-        if status not in _DEAD and not lost:
-            return False
-        try:
-            job.delete()
-        except NoSuchJobError:
-            return True
-        except ValueError as e:
-            # rq 3.0 keeps a job's execution index 60 s longer than the executions it
-            # lists, and Job.delete fetches each: "Execution ... not found" after a worker
-            # died in the job. The job is dead, so its executions are over: drop the index.
-            log.info(
-                "dead job's execution expired; deleting its index", job_id=job_id, error=str(e)
-            )
-            self.summaries.connection.delete(ExecutionRegistry(job_id, job.connection).key)
-            try:
-                job.delete()
-            except (ValueError, NoSuchJobError) as again:
-                log.warning("dead job not deleted; next sweep", job_id=job_id, error=str(again))
-                return False
-        return True
-
-    def _not_in_queue(self, job_id: str) -> bool:
-        client: Any = self.summaries.connection
-        return client.lpos(self.summaries.key, job_id) is None
-
-    def requeue_pending(self, reader: ContextReader, now: dt.datetime, grace: float) -> int:
-        """Queue again the summaries still missing `grace` seconds after their save."""
-        params = {"now": now, "grace": grace, "limit": 10_000}
-        with reader.connection() as conn:
-            rows = conn.execute(query("pending_summaries"), params).fetchall()
-        return sum(self.summarize(*row) for row in rows)
 
 
 # -- the core, called with explicit resources ---------------------------------------
@@ -249,74 +94,35 @@ def _push_summary(
     return failed
 
 
-@dataclass(frozen=True)
-class ThreadWindow:
-    """What a compaction job reads of one thread."""
-
-    thread: str
-    previous: str | None  # the summary of the last compaction, folded into the next
-    base_seq: int  # the conversation's cleared_seq when read
-    budget: int
-    messages: list[StoredMessage]
-
-
-def read_windows(res: Resources, agent: str, channel: str) -> list[ThreadWindow]:
-    """The windows of the conversation's threads that passed the compaction threshold."""
-    now = res.clock.now()
-    d = res.reader.defaults
-    key = {
+def threads_to_compact(res: Resources, agent: str, channel: str) -> list[tuple[str, str | None]]:
+    """The conversation's threads whose segment passed the compaction threshold with no
+    summary of ours waiting to land, and their summary so far (folded into the next)."""
+    params = {
         "agent": agent,
         "channel": channel,
-        "default_budget": d.token_budget,
-        "compact_at": sessions.COMPACT_AT,
+        "default_budget": res.reader.defaults.token_budget,
+        "compact_at": COMPACT_AT,
     }
-    out = []
     with res.reader.connection() as conn:
-        for thread, previous, base_seq, budget in conn.execute(
-            query("threads_to_compact"), key
-        ).fetchall():
-            params = window_params(agent, channel, thread, now, d)
-            rows = conn.execute(query("window_messages"), params).fetchall()
-            out.append(ThreadWindow(thread, previous, int(base_seq), int(budget), stored(rows)))
-    return out
+        rows = conn.execute(query("threads_to_compact"), params).fetchall()
+    return [(str(thread), summary) for thread, summary in rows]
 
 
 def compaction_event(
-    agent: str, channel: str, w: ThreadWindow, summarizer: Summarizer
+    res: Resources, p: compaction.Plan, previous: str | None
 ) -> ev.ContextCompacted | None:
-    """The compaction of one thread's window; None when the summary failed.
-
-    A window found back under the threshold (its messages aged out of the rolling
-    window) gets an event with `through_seq` 0 that only re-counts its tokens, so it
-    stops triggering compactions.
-    """
-    total = sum(m.tokens for m in w.messages)
-    through = (
-        sessions.compaction_cut(w.messages) if sessions.over_threshold(total, w.budget) else None
-    )
-    # imports anthropic: workers only, not ingest
-    from contextlog.worker.tasks.summarize import Summary, storable
-
-    summary = Summary("")
-    if through is not None:
-        older = [(m.role, m.content) for m in w.messages if m.seq <= through]
-        summary = summarizer.summarize(older, previous=w.previous, purpose="compaction")
-        if summary.failed:
-            return None
-    seen = max((m.seq for m in w.messages), default=0)
-    return ev.ContextCompacted(
-        event_id=derived_id(JOB_SOURCE, f"compact\x00{agent}\x00{channel}\x00{w.thread}\x00{seen}"),
-        agent=agent,
-        channel=channel,
-        thread=w.thread or None,
-        occurred_at=dt.datetime.now(dt.UTC),
-        through_seq=through or 0,
-        base_seq=w.base_seq,
-        seen_seq=seen,
-        remaining_tokens=sum(m.tokens for m in w.messages if m.seq > (through or 0)),
-        summary=storable(summary.text)[0],
-        local=summary.local,
-    )
+    """The API's compaction of the plan where the conversation's model has it, our own
+    summary otherwise (or when the API gave no block); None when both failed."""
+    now = res.clock.now()
+    frame = p.context.frame
+    if res.compactor is not None and frame is not None and compaction.supports(frame.model):
+        block = res.compactor.compact(p)
+        if block is not None:
+            metrics.COMPACTIONS.labels("api").inc()
+            return compaction.api_event(p, block, now)
+    event = compaction.summary_event(p, res.summarizer, previous, now)
+    metrics.COMPACTIONS.labels("failed" if event is None else "done").inc()
+    return event
 
 
 def run_compaction(res: Resources, agent: str, channel: str) -> str:
@@ -331,19 +137,21 @@ def run_compaction(res: Resources, agent: str, channel: str) -> str:
 
 def _compact(res: Resources, agent: str, channel: str) -> str:
     done = 0
-    for w in read_windows(res, agent, channel):
-        event = compaction_event(agent, channel, w, res.summarizer)
-        metrics.COMPACTIONS.labels("failed" if event is None else "done").inc()
+    for thread, previous in threads_to_compact(res, agent, channel):
+        p = compaction.plan(res.reader, agent, channel, thread)
+        if p is None:
+            continue
+        event = compaction_event(res, p, previous)
         if event is None:
             log.warning(
-                "compaction summary failed; the context stays trimmed to budget",
+                "compaction summary failed; the budget cuts the segment instead",
                 agent=agent,
                 channel=channel,
-                thread=w.thread,
+                thread=thread,
             )
             continue
-        res.producer.push(msgspec.structs.replace(event, occurred_at=res.clock.now()))
-        done += event.through_seq > 0
+        res.producer.push(event)
+        done += 1
     return f"compacted {done} threads"
 
 

@@ -192,10 +192,11 @@ def storable(text: str) -> tuple[str, bool]:
     return clean, clean != text
 
 
-class _Attempt(NamedTuple):
-    """One request's outcome: the summary text, or why there is none."""
+class Attempt(NamedTuple):
+    """One request's outcome: its value (the summary text, the response), or why there is
+    none."""
 
-    text: str | None
+    value: Any
     error: str = ""
     status: int | None = None
     retryable: bool = False
@@ -204,6 +205,59 @@ class _Attempt(NamedTuple):
     def fields(self, purpose: str) -> dict[str, object]:
         """What a log line may say about a failure: never the message content or the key."""
         return {"error": self.error, "status": self.status, "purpose": purpose}
+
+
+def call_api(
+    request: Callable[[], Any], deadlines: Deadlines | None = None, budget: float = 30.0
+) -> Attempt:
+    """One API request (within `budget` seconds in all, with `deadlines`), its failure
+    classified: only the error class and status are kept."""
+    within = deadlines.within(budget) if deadlines else nullcontext()
+    try:
+        with within:
+            return Attempt(request())
+    except anthropic.APIStatusError as e:
+        retryable = e.status_code in (408, 429) or e.status_code >= 500
+        return Attempt(None, type(e).__name__, e.status_code, retryable, _retry_after(e))
+    except anthropic.APIConnectionError as e:  # APITimeoutError is a subclass
+        if isinstance(e.__cause__, JobTimeoutException):
+            # RQ's job timeout fired inside the SDK, which wraps every exception:
+            # let it end the job, as RQ meant, instead of retrying.
+            raise e.__cause__ from None
+        return Attempt(None, type(e).__name__, retryable=True)
+    except anthropic.APIResponseValidationError as e:
+        return Attempt(None, type(e).__name__, e.status_code, retryable=True)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        # The SDK lets a JSON body that does not parse escape as the bare decode error.
+        return Attempt(None, type(e).__name__, retryable=True)
+    except anthropic.AnthropicError as e:  # e.g. no credentials: retrying will not help
+        return Attempt(None, type(e).__name__)
+
+
+class Retry(NamedTuple):
+    """How a transient failure is retried: `attempts` in all, backing off exponentially
+    from `backoff` seconds (or as the server's `retry-after` says), at most `backoff_max`."""
+
+    attempts: int = 4
+    backoff: float = 1.0
+    backoff_max: float = 30.0
+    sleep: Callable[[float], object] = time.sleep
+
+    def run(self, attempt: Callable[[], Attempt], purpose: str) -> tuple[Attempt, int]:
+        """Run `attempt` until it has a value, fails for good, or the attempts run out;
+        returns the last outcome and how many were made."""
+        outcome, tries = attempt(), 1
+        while outcome.value is None and outcome.retryable and tries < self.attempts:
+            delay = self.delay(tries - 1, outcome.retry_after)
+            log.info("api.retry", attempt=tries, delay=delay, **outcome.fields(purpose))
+            self.sleep(delay)
+            outcome, tries = attempt(), tries + 1
+        return outcome, tries
+
+    def delay(self, i: int, retry_after: float | None) -> float:
+        """Seconds before retry `i` (from 0)."""
+        wanted = retry_after if retry_after is not None else self.backoff * 2**i
+        return min(wanted, self.backoff_max)
 
 
 class AnthropicSummarizer:
@@ -228,15 +282,12 @@ class AnthropicSummarizer:
     ) -> None:
         if attempts < 1:
             raise ValueError(f"attempts must be at least 1, not {attempts}")
-        self._client = client
+        self.client = client
         self._model = model
-        self._attempts = attempts
-        self._backoff = backoff
-        self._backoff_max = backoff_max
-        self._sleep = sleep
+        self.retry = Retry(attempts, backoff, backoff_max, sleep)
         self._max_tokens = max_tokens
-        self._deadlines = deadlines  # each attempt gets `budget` seconds in all
-        self._budget = budget
+        self.deadlines = deadlines  # each attempt gets `budget` seconds in all
+        self.budget = budget
 
     def summarize(
         self,
@@ -247,52 +298,30 @@ class AnthropicSummarizer:
     ) -> Summary:
         """Ask the model for the summary, retrying transient failures; never raises for them."""
         prompt = build_prompt(messages, previous=previous, purpose=purpose)
-        outcome, tries = self._attempt(prompt), 1
-        while outcome.text is None and outcome.retryable and tries < self._attempts:
-            delay = self._delay(tries - 1, outcome.retry_after)
-            log.info("summary.retry", attempt=tries, delay=delay, **outcome.fields(purpose))
-            self._sleep(delay)
-            outcome, tries = self._attempt(prompt), tries + 1
-        if outcome.text is not None:
-            return Summary(outcome.text)
+        outcome, tries = self.retry.run(lambda: self._attempt(prompt), purpose)
+        if outcome.value is not None:
+            return Summary(outcome.value)
         log.warning("summary.failed", attempts=tries, model=self._model, **outcome.fields(purpose))
         return Summary(FAILED_TEXT, failed=True)
 
-    def _delay(self, i: int, retry_after: float | None) -> float:
-        wanted = retry_after if retry_after is not None else self._backoff * 2**i
-        return min(wanted, self._backoff_max)
+    def _attempt(self, prompt: str) -> Attempt:
+        """One request; a 200 without text is a malformed answer, retried."""
 
-    def _attempt(self, prompt: str) -> _Attempt:
-        """One request, its failure classified; only the error class and status are kept."""
-        budget = self._deadlines.within(self._budget) if self._deadlines else nullcontext()
-        try:
-            with budget:
-                response: object = self._client.messages.create(
-                    model=self._model,
-                    max_tokens=self._max_tokens,
-                    system=_SYSTEM,
-                    messages=[{"role": "user", "content": prompt}],
-                )
-        except anthropic.APIStatusError as e:
-            retryable = e.status_code in (408, 429) or e.status_code >= 500
-            return _Attempt(None, type(e).__name__, e.status_code, retryable, _retry_after(e))
-        except anthropic.APIConnectionError as e:  # APITimeoutError is a subclass
-            if isinstance(e.__cause__, JobTimeoutException):
-                # RQ's job timeout fired inside the SDK, which wraps every exception:
-                # let it end the job, as RQ meant, instead of retrying.
-                raise e.__cause__ from None
-            return _Attempt(None, type(e).__name__, retryable=True)
-        except anthropic.APIResponseValidationError as e:
-            return _Attempt(None, type(e).__name__, e.status_code, retryable=True)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            # The SDK lets a JSON body that does not parse escape as the bare decode error.
-            return _Attempt(None, type(e).__name__, retryable=True)
-        except anthropic.AnthropicError as e:  # e.g. no credentials: retrying will not help
-            return _Attempt(None, type(e).__name__)
-        text = _text_of(response)
+        def request() -> object:
+            return self.client.messages.create(
+                model=self._model,
+                max_tokens=self._max_tokens,
+                system=_SYSTEM,
+                messages=[{"role": "user", "content": prompt}],
+            )
+
+        outcome = call_api(request, self.deadlines, self.budget)
+        if outcome.value is None:
+            return outcome
+        text = _text_of(outcome.value)
         if text is None:
-            return _Attempt(None, "MalformedResponse", 200, retryable=True)
-        return _Attempt(text)
+            return Attempt(None, "MalformedResponse", 200, retryable=True)
+        return Attempt(text)
 
 
 def build_prompt(

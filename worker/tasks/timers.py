@@ -30,6 +30,8 @@ import structlog
 from rq import Queue
 from rq.job import Job, JobStatus
 
+from contextlog.worker.tasks.queue import JOBS_MODULE
+
 log = structlog.get_logger("contextlog.idle")
 
 IDLE: Final = "idle"
@@ -37,7 +39,7 @@ STUCK_S: Final = 10.0  # an idle check running this long is taken for dead
 KEEP_MS: Final = 3_600_000  # a timer outlives its deadline by this, then Redis drops it
 PART: Final = 500  # timers one job checks (one Postgres query, one Redis pipeline)
 _LIVE: Final = (JobStatus.SCHEDULED, JobStatus.QUEUED, JobStatus.STARTED, JobStatus.DEFERRED)
-_JOBS: Final = "contextlog.worker.tasks.jobs"
+_JOBS: Final = JOBS_MODULE
 
 Conversation = tuple[str, str]
 
