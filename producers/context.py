@@ -219,16 +219,28 @@ def strip_thinking(
 
 
 def from_compaction(messages: Sequence[StoredMessage]) -> Sequence[StoredMessage]:
-    """A segment that starts at an assistant message holding the API's compaction block
-    starts at that block: the API ignores whatever comes before it."""
-    if not messages or messages[0].role != "assistant" or isinstance(messages[0].content, str):
+    """A segment that holds an assistant message with the API's compaction block starts
+    at the newest such block (ingest starts a segment there; a restored session may hold
+    one anywhere): the API ignores whatever comes before it."""
+    at = next(
+        (
+            i
+            for i in range(len(messages) - 1, -1, -1)
+            if messages[i].role == "assistant"
+            and not isinstance(messages[i].content, str)
+            and contract.starts_anew(messages[i].content)
+        ),
+        None,
+    )
+    if at is None:
         return messages
-    content = messages[0].content
-    at = [i for i, b in enumerate(content) if contract.starts_anew([b])]
-    if not at or at[-1] == 0:
-        return messages
-    kept = content[at[-1] :]
-    return [messages[0]._replace(content=kept, tokens=estimate_tokens(kept)), *messages[1:]]
+    content = messages[at].content
+    j = max(k for k, b in enumerate(content) if contract.starts_anew([b]))
+    first = messages[at]
+    if j > 0:
+        kept = content[j:]
+        first = first._replace(content=kept, tokens=estimate_tokens(kept))
+    return [first, *messages[at + 1 :]]
 
 
 def merge_turns(

@@ -4,8 +4,10 @@ model has it, our summary otherwise), and the result lands as an event."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 from rq import Queue
 
@@ -188,6 +190,39 @@ def test_system_messages_and_compaction_blocks_are_saved_as_posted(stack: Stack)
     _info, messages = stack.reader.session_messages(_save(stack), agent=A, channel=C)
     assert [m.role for m in messages] == ["user", "assistant", "system"]
     assert messages[1].content[0] == block
+
+
+def test_system_messages_compaction_and_thinking_round_trip_through_export_and_import(
+    stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Posted, exported, imported elsewhere and restored: every block as posted; the
+    restore removes the thinking (its prefix is gone) and says so."""
+    from contextlog.worker.cli import main as cli
+
+    block = {"type": "compaction", "content": "Earlier: setup.", "signature": "c2ln"}
+    thinking = {"type": "thinking", "thinking": "", "signature": "c2lnbmF0dXJl"}
+    stack.say("q")
+    stack.say([block, thinking, {"type": "text", "text": "a"}], "assistant")  # type: ignore[arg-type]
+    stack.say("next")
+    stack.stored(stack.say([{"type": "text", "text": "Be brief."}], "system"))  # type: ignore[arg-type]
+    sid = _save(stack)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["export", sid, "--agent", A, "--channel", C]) == 0
+    argv = ["import", str(tmp_path / f"{sid}.json"), "--agent", A, "--channel", "dm"]
+    assert cli.main([*argv, "--source", "test"]) == 0
+    stack.notice(nt.SESSION_IMPORTED)
+    _info, messages = stack.reader.session_messages(sid, agent=A, channel="dm")
+    assert [m.role for m in messages] == ["user", "assistant", "user", "system"]
+    assert messages[1].content == [block, thinking, {"type": "text", "text": "a"}]
+    stack.producer.restore(A, "dm", sid, source="test")
+    stack.notice(nt.RESTORE_DONE)
+    ctx = stack.reader.context(A, "dm")
+    assert ctx.messages == [
+        {"role": "assistant", "content": [block, {"type": "text", "text": "a"}]},
+        {"role": "user", "content": [{"type": "text", "text": "next"}]},
+        {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+    ]
+    assert ctx.thinking_removed == 1 and check_messages(ctx.messages) == []
 
 
 def _save(stack: Stack) -> str:

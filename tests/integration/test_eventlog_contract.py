@@ -11,9 +11,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from psycopg import pq
 from psycopg.rows import TupleRow
 
@@ -32,6 +35,7 @@ from contextlog.worker.store.eventlog import (
     bound_waits,
 )
 from contextlog.worker.store.migrations import migrate
+from tests.support.blocks import conversation
 
 T0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 
@@ -448,3 +452,34 @@ def test_both_write_paths_store_the_instant_an_event_names_in_any_offset(db: str
         )
     assert [stored[f"1-{i}"] for i in range(len(times))] == times
     assert stored["3-0"] == times[0]
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(convo=conversation(True), blank=st.sampled_from(["", " ", "\n\t", "x"]))
+def test_the_mark_of_a_message_stored_before_014_is_the_one_ingest_gives(
+    db: str, convo: list[tuple[str, Any]], blank: str
+) -> None:
+    """`contextlog_mark_of` (SQL, for rows without a mark) and `rows.mark_of` (ingest)
+    agree on every message a bot posts, blanks and compaction blocks included."""
+    from contextlog.worker.ingest.rows import mark_of
+
+    block = {"type": "compaction", "content": "summary"}
+    convo = [*convo, ("user", blank), ("assistant", [block, {"type": "text", "text": "a"}])]
+    convo.append(("assistant", [{"type": "compaction", "content": None}]))
+    with psycopg.connect(db) as conn:
+        for role, content in convo:
+            event = ev.MessagePosted(
+                event_id=uuid7(),
+                agent="a",
+                channel="c",
+                occurred_at=T0,
+                role=role,
+                content=content,
+            )
+            payload = codec.encode(event)
+            row = conn.execute(
+                "SELECT contextlog_mark_of('message.v1', %s::jsonb)", (payload.decode(),)
+            ).fetchone()
+            assert row is not None and (row[0] or 0) == mark_of(codec.decode(payload)), content
