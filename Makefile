@@ -54,8 +54,10 @@ lint: $(BENCH_STAMP)
 	@for d in schema producers worker; do ln -sfn ../../$$d .typing/contextlog/$$d; done
 	$(VENV)/bin/mypy
 
-# Servers left running by `devenv --keep` are stopped first.
+# Servers left running by `devenv --keep` are stopped first. `.hypothesis/` holds what
+# HYPOTHESIS_PROFILE=dev runs stored to replay.
 clean:
+	rm -rf .hypothesis
 	@if [ -x $(VENV)/bin/python ] && [ -d .contextlog ]; then \
 	  $(VENV)/bin/python -m contextlog.worker.dev.devenv --stop; fi
 	rm -rf .contextlog

@@ -44,7 +44,7 @@ def test_slug_rules(description: str, slug: str) -> None:
 def test_any_description_gives_a_safe_id(description: str) -> None:
     sid = sessions.session_id(AT, description, "first message", ())
     assert sessions.SESSION_ID.match(sid), sid
-    assert len(sid) <= 11 + 40
+    assert len(sid) <= len("2026-11-23_") + sessions.MAX_SLUG
     assert archive.safe_filename(sid) == f"{sid}.json"
 
 
