@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -12,12 +11,12 @@ import msgspec
 from rich.table import Table
 
 from contextlog.producers.notifications import Notifications
-from contextlog.schema.errors import ConfigError
 from contextlog.schema.notices import Notice
 from contextlog.worker.app import bootstrap, metrics
 from contextlog.worker.app.clock import SystemClock
 from contextlog.worker.app.config import Settings
 from contextlog.worker.cli import common as cli_common
+from contextlog.worker.cli import dashboard
 from contextlog.worker.cli.common import console, positive
 from contextlog.worker.store import archive
 
@@ -131,43 +130,6 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-def dashboard_argv(settings: Settings) -> list[str]:
-    """rq-dashboard's arguments: bound to loopback unless told otherwise, and never
-    exposed beyond it without basic auth. Credentials go by environment, not argv."""
-    exposed = settings.dashboard_bind not in LOOPBACK
-    if exposed and not (settings.dashboard_user and settings.dashboard_password):
-        raise ConfigError(
-            f"CONTEXTLOG_DASHBOARD_BIND={settings.dashboard_bind} exposes the dashboard: set "
-            "CONTEXTLOG_DASHBOARD_USER and CONTEXTLOG_DASHBOARD_PASSWORD for basic auth"
-        )
-    return [
-        "--bind",
-        settings.dashboard_bind,
-        "--port",
-        str(settings.dashboard_port),
-        "--redis-url",
-        settings.queue_redis_url,
-    ]
-
-
-def cmd_dashboard(settings: Settings, args: argparse.Namespace) -> int:
-    """Run rq-dashboard on the queue Redis (queues `idle` and `summaries`)."""
-    import rq_dashboard.cli  # type: ignore[import-untyped]  # no stubs
-
-    if settings.dashboard_user and settings.dashboard_password:
-        os.environ["RQ_DASHBOARD_USERNAME"] = settings.dashboard_user
-        os.environ["RQ_DASHBOARD_PASSWORD"] = settings.dashboard_password
-    rq_dashboard.cli.run(
-        args=dashboard_argv(settings),
-        prog_name="contextlog dashboard",
-        auto_envvar_prefix="RQ_DASHBOARD",
-    )
-    return 0
-
-
 def cmd_chat(settings: Settings, args: argparse.Namespace) -> int:
     """A terminal chat client on `producers`: messages, /context commands, notifications."""
     from contextlog.worker.dev import chat
@@ -223,6 +185,6 @@ COMMANDS = {
     "import": cmd_import,
     "notifications": cmd_notifications,
     "worker": cmd_worker,
-    "dashboard": cmd_dashboard,
+    "dashboard": dashboard.cmd_dashboard,
     "chat": cmd_chat,
 }
