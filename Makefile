@@ -36,8 +36,12 @@ bench: $(BENCH_STAMP)
 
 # The whole stack of the Procfile (ingest, worker, dashboard on 127.0.0.1:9181) under honcho.
 # It prints the embedded servers' URLs; closing its terminal or killing it stops everything.
+# Logs: the console form on a terminal (JSON lines into a file or pipe), without a time of
+# their own, as honcho stamps each line; a variable set by the caller wins.
 run: $(STAMP)
-	$(DEVENV) env PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho start
+	$(DEVENV) env PATH="$(CURDIR)/$(VENV)/bin:$$PATH" \
+	  CONTEXTLOG_LOG_FORMAT="$${CONTEXTLOG_LOG_FORMAT:-$$([ -t 1 ] && echo console || echo json)}" \
+	  CONTEXTLOG_LOG_TIMESTAMPS="$${CONTEXTLOG_LOG_TIMESTAMPS:-0}" $(VENV)/bin/honcho start
 
 # From a second terminal while `make run` (or a --keep run) is up: CMD on its servers, e.g.
 # `make attach CMD='contextlog status'`; without CMD, a shell with DATABASE_URL and REDIS_URL.

@@ -34,6 +34,13 @@ def test_values_are_parsed() -> None:
     assert (s.consumer, s.log_format) == ("ingest-1", "console")
 
 
+@pytest.mark.parametrize(("raw", "value"), [("0", False), ("no", False), ("TRUE", True)])
+def test_logs_are_for_people_on_a_terminal_and_may_go_unstamped(raw: str, value: bool) -> None:
+    defaults = Settings.from_env({})
+    assert (defaults.log_format, defaults.log_timestamps) == ("auto", True)
+    assert Settings.from_env({"CONTEXTLOG_LOG_TIMESTAMPS": raw}).log_timestamps is value
+
+
 def test_readers_built_from_settings_use_the_replica() -> None:
     url = "postgresql://u@replica/db"
     env = {"CONTEXTLOG_REPLICA_URL": url, "CONTEXTLOG_REPLICA_MAX_LAG": "2"}
@@ -56,6 +63,8 @@ def test_readers_built_from_settings_use_the_replica() -> None:
         ("CONTEXTLOG_BATCH_BYTES", "0", "CONTEXTLOG_BATCH_BYTES must be between"),
         ("CONTEXTLOG_LEASE_SECONDS", "0.1", "CONTEXTLOG_LEASE_SECONDS must be between"),
         ("CONTEXTLOG_LOG_LEVEL", "loud", "CONTEXTLOG_LOG_LEVEL must be one of"),
+        ("CONTEXTLOG_LOG_FORMAT", "xml", "CONTEXTLOG_LOG_FORMAT must be one of auto, json"),
+        ("CONTEXTLOG_LOG_TIMESTAMPS", "maybe", "CONTEXTLOG_LOG_TIMESTAMPS must be 1 or 0"),
         ("CONTEXTLOG_SHARDS", "x", "CONTEXTLOG_SHARDS is not a whole number"),
         ("REDIS_URL", "redis://127.0.0.1:6379/99x", "REDIS_URL names database '99x'"),
         ("REDIS_URL", "redis://127.0.0.1:6379/1/2", "REDIS_URL names database '1/2'"),

@@ -409,7 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else EXIT_ERROR
     try:
         settings = Settings.from_env()
-        logs.configure(settings.log_level, settings.log_format)
+        logs.configure(settings.log_level, settings.log_format, settings.log_timestamps)
         return COMMANDS[args.command](settings, args)
     except KeyboardInterrupt:
         return 130

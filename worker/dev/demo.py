@@ -103,7 +103,9 @@ def run(settings: Settings, console: Console) -> int:
     console.print("[bold]1.[/bold] migrate the database")
     bootstrap.run_migrations(settings)
     console.print("[bold]2.[/bold] start [cyan]contextlog ingest[/cyan] in its own process")
-    env = {**os.environ, "CONTEXTLOG_LOG_LEVEL": "warning"}
+    # Errors only: the demo shows the dead letter it provokes (step 5) itself, and ingest's
+    # warning about it would land between the steps.
+    env = {**os.environ, "CONTEXTLOG_LOG_LEVEL": "error"}
     ingest = subprocess.Popen(
         [sys.executable, "-m", "contextlog.worker.cli.main", "ingest"], env=env
     )
