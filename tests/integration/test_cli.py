@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,6 @@ from contextlog.worker.cli.common import console
 from contextlog.worker.store import archive
 from tests.support import services
 from tests.support.running import eventually, running, settings_for
-from tests.support.servers import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -82,73 +80,7 @@ def export_file(tmp_path: Path, messages: list[dict[str, Any]], **extra: Any) ->
 
 HELLO = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
 
-# --- servers unreachable: exit 3 within a couple of seconds --------------------------------
-
-REDIS_COMMANDS = [
-    ["send", "message", A, C, "hi"],
-    ["send", "save", A, C],
-    ["notifications"],
-    ["dead-letters"],
-    ["import", "{file}", "--agent", A, "--channel", C],
-    ["status"],
-    ["chat", A],
-]
-POSTGRES_COMMANDS = [
-    ["context", A, C],
-    ["sessions", A],
-    ["export", "2025-01-02_x", "--agent", A, "--channel", C],
-    ["status"],
-    ["migrate"],
-    ["rebuild"],
-    ["chat", A],
-]
-
-
-@pytest.mark.parametrize("argv", REDIS_COMMANDS, ids=lambda a: "-".join(a[:2]))
-def test_redis_unreachable_exits_3_quickly(
-    argv: list[str],
-    env: dict[str, str],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    monkeypatch.setenv("REDIS_URL", f"redis://127.0.0.1:{free_port()}/13")
-    file = str(export_file(tmp_path, HELLO))
-    started = time.monotonic()
-    code, _, err = run([file if a == "{file}" else a for a in argv], capsys)
-    assert (code, time.monotonic() - started < 3) == (3, True), err
-    assert_one_line(err, "Redis")
-
-
-@pytest.mark.parametrize("argv", POSTGRES_COMMANDS, ids=lambda a: a[0])
-def test_postgres_unreachable_exits_3_quickly(
-    argv: list[str],
-    env: dict[str, str],
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    monkeypatch.setenv("DATABASE_URL", f"postgresql://postgres@127.0.0.1:{free_port()}/x")
-    started = time.monotonic()
-    code, _, err = run(argv, capsys)
-    assert (code, time.monotonic() - started < 3) == (3, True), err
-    assert_one_line(err, "Postgres", "DATABASE_URL")
-
-
-def test_console_script_reports_an_outage_in_one_line(env: dict[str, str]) -> None:
-    for var, url in (
-        ("REDIS_URL", f"redis://127.0.0.1:{free_port()}/13"),
-        ("DATABASE_URL", f"postgresql://postgres@127.0.0.1:{free_port()}/x"),
-    ):
-        argv = ["send", "message", A, C, "hi"] if var == "REDIS_URL" else ["sessions", A]
-        done = subprocess.run(
-            [CONTEXTLOG, *argv],
-            env={**os.environ, var: url},
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        assert done.returncode == 3, done.stderr
-        assert_one_line(done.stderr, var)
+# Servers unreachable, silent, hanging up or refusing: tests/integration/test_cli_outages.py
 
 
 # --- bad input: exit 2 with a message ----------------------------------------------------

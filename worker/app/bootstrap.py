@@ -31,7 +31,6 @@ from contextlog.worker.effects.relay import Relay
 from contextlog.worker.ingest.loop import Ingest
 from contextlog.worker.ingest.streams import Streams
 from contextlog.worker.store.eventlog import EventLog, PostgresEventLog, bound_waits
-from contextlog.worker.store.migrations import migrate
 from contextlog.worker.tasks import idle
 from contextlog.worker.tasks.jobs import SUMMARIES, Jobs
 from contextlog.worker.tasks.rqworker import ContextlogWorker
@@ -168,11 +167,6 @@ def resources() -> Resources:
         install(res)
     return res
 
-
-def run_migrations(settings: Settings) -> list[str]:
-    """Bring the database schema up to date."""
-    with pg_connector(settings)() as conn:
-        return migrate(conn)
 
 
 def claim_shard_count(client: SyncClient, shards: int) -> None:

@@ -50,16 +50,14 @@ __all__ = ["EXIT_ERROR", "EXIT_UNAVAILABLE", "EXIT_UNHEALTHY", "main", "parser"]
 
 def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
     """Apply pending migrations."""
-    with cli_common.pg_connect(settings) as conn:
-        applied = migrate(conn)
+    applied = cli_common.migrated(settings)
     print("applied: " + ", ".join(applied) if applied else "database schema is up to date")
     return 0
 
 
 def cmd_ingest(settings: Settings, args: argparse.Namespace) -> int:
     """Run the ingest loop until SIGTERM or SIGINT."""
-    with cli_common.pg_connect(settings) as conn:
-        migrate(conn)
+    cli_common.check_servers(settings)
     metrics.serve(args.metrics_port, args.metrics_bind)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -271,8 +269,7 @@ def _block_text(block: dict[str, Any]) -> str:
 
 def cmd_rebuild(settings: Settings, args: argparse.Namespace) -> int:
     """Truncate the projections and replay the log, with a progress bar."""
-    with cli_common.pg_connect(settings) as conn:
-        migrate(conn)
+    cli_common.migrated(settings)
     with cli_common.pg_connect(settings) as conn, Progress(console=console) as bar:
         task = bar.add_task("replaying events", total=None)
         done = rebuild(

@@ -114,7 +114,7 @@ def cmd_notifications(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     """Run an RQ worker on the `summaries` and `idle` queues (with RQ's scheduler)."""
-    bootstrap.run_migrations(settings)
+    cli_common.check_servers(settings, queue=True)
     metrics.serve(args.metrics_port, args.metrics_bind)
     w = bootstrap.build_worker(settings)
     stop = threading.Event()
