@@ -316,17 +316,57 @@ def test_export_of_another_conversations_session_reads_as_unknown(
 
 
 def test_sessions_of_all_channels_name_each_channel(
-    conv: Conversation, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    conv: Conversation, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(console, "width", 400)  # no wrapping inside the cells
     conv.producer.post_message(A, "[bold]room[/bold]", "user", "hello [/x] :smile:", source="cli")
     conv.producer.save(A, "[bold]room[/bold]", source="cli")
-    conv.notice(nt.SESSION_SAVED)
+    sid = conv.notice(nt.SESSION_SAVED).session_id
     code, out, err = run(["sessions", A], capsys)
     assert code == 0, err
-    assert "│ [bold]room[/bold] │" in out and "hello [/x] :smile:" in out, out
+    assert f"{sid}  [bold]room[/bold]  " in out and "hello [/x] :smile:" in out, out
     code, out, err = run(["context", A, "[bold]room[/bold]"], capsys)
     assert code == 0 and "hello [/x] :smile:" in out, err
+
+
+LONGEST_SLUG = "x" * 40  # sessions.MAX_SLUG: the longest id a description gives
+
+
+@pytest.mark.parametrize("through", ["a terminal of 80 columns", "a pipe"])
+def test_sessions_keep_ids_whole_and_each_on_two_lines(
+    through: str,
+    conv: Conversation,
+    env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Ids are copied from this list into `restore` and `export`: never broken, however
+    narrow the terminal; a long description or summary is cut to the width instead of
+    wrapping over dozens of lines (`--json` has it whole)."""
+    ids = []
+    for n, description in enumerate([LONGEST_SLUG, "word " * 99, LONGEST_SLUG]):
+        conv.producer.post_message(A, C, "user", f"message {n}", source="cli")
+        conv.producer.save(A, C, description, source="cli")
+        ids.append(conv.notice(nt.SESSION_SAVED).session_id or "")
+    assert len(ids[2]) > 51  # 2026-11-22_ + 40 + "-2"
+    if through == "a pipe":
+        done = subprocess.run(
+            [CONTEXTLOG, "sessions", A, "--channel", C],
+            env={k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        code, out = done.returncode, done.stdout
+    else:
+        monkeypatch.setattr(console, "width", 80)
+        code, out, _ = run(["sessions", A, "--channel", C], capsys)
+    assert code == 0, out
+    lines = out.splitlines()
+    assert len(lines) == 1 + 2 * len(ids), out  # a title, then two lines a session
+    for sid in ids:
+        assert any(line.startswith(sid + " ") for line in lines), (sid, out)
+    assert all(len(line) <= 80 for line in lines), out
+    assert lines[4].startswith("    word word") and lines[4].endswith("…"), out
 
 
 # Deeper than ingest takes (codec.MAX_NESTING), shallow enough for the file's decoder.

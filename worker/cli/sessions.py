@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from rich.table import Table
+from rich.text import Text
 
+from contextlog.producers.history import SessionInfo
 from contextlog.producers.notifications import Notifications
 from contextlog.schema.notices import Notice
 from contextlog.worker.app import bootstrap, metrics
@@ -32,27 +33,36 @@ def cmd_sessions(settings: Settings, args: argparse.Namespace) -> int:
         print(msgspec.json.encode(page.sessions).decode())
         return 0
     where = f"{args.agent}/{args.channel}" if args.channel else args.agent
-    table = Table(title=f"sessions of {where}, page {page.page} of {page.pages}")
-    # Without --channel the list spans channels: show each one, as export needs it.
-    columns = ["id", "saved", "messages", "auto", "description", "summary"]
-    if not args.channel:
-        columns.insert(1, "channel")
-    for col in columns:
-        table.add_column(col, overflow="fold")
-    for s in page:
-        cells = [
-            s.session_id,
-            f"{s.created_at:%Y-%m-%d %H:%M}",
-            str(s.message_count),
-            "auto" if s.auto else "",
-            s.description or s.preview,
-            "(pending)" if s.summary is None else s.summary,
-        ]
-        if not args.channel:
-            cells.insert(1, s.channel)
-        table.add_row(*cells)
-    console.print(table)
+    console.print(
+        f"sessions of {where}, page {page.page} of {page.pages} ({page.total} saved)"
+        + (f"; the next: --page {page.page + 1}" if page.page < page.pages else "")
+    )
+    for line, about in session_lines(list(page), with_channel=not args.channel):
+        # The first line whole (an id to copy for restore/export), the second cut to the
+        # width: the whole summary is in `--json`.
+        console.print(line, no_wrap=True, overflow="ignore", crop=False)
+        console.print(about, no_wrap=True, overflow="ellipsis")
     return 0
+
+
+def session_lines(sessions: list[SessionInfo], *, with_channel: bool) -> list[tuple[Text, Text]]:
+    """Two lines a session: its id (and channel, across channels), when, how many messages,
+    auto; then its description or first message, and its summary."""
+    width = max((len(s.session_id) for s in sessions), default=0)
+    lines = []
+    for s in sessions:
+        head = Text(s.session_id.ljust(width), style="bold")
+        if with_channel:
+            head.append(f"  {s.channel}")
+        msgs = "msg" if s.message_count == 1 else "msgs"
+        head.append(f"  {s.created_at:%Y-%m-%d %H:%M}  {s.message_count} {msgs}")
+        if s.auto:
+            head.append("  auto")
+        summary = "(summary pending)" if s.summary is None else s.summary
+        about = Text(f"    {' '.join((s.description or s.preview).split())}: ")
+        about.append(" ".join(summary.split()), style="dim")
+        lines.append((head, about))
+    return lines
 
 
 def cmd_export(settings: Settings, args: argparse.Namespace) -> int:
