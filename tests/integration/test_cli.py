@@ -130,6 +130,21 @@ def test_bad_configuration_exits_2_naming_the_variable(
     assert_one_line(err, name)
 
 
+@pytest.mark.parametrize("argv", [["status"], ["dead-letters"], ["send", "message", A, C, "hi"]])
+def test_a_shard_count_other_than_ingests_is_refused(
+    argv: list[str],
+    env: dict[str, str],
+    rds: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The streams this would read or write are not the ones ingest reads."""
+    rds.set(keys.SHARDS_KEY, 8)  # as an ingest with CONTEXTLOG_SHARDS=8 recorded it
+    code, _, err = run(argv, capsys)
+    assert code == 2
+    assert_one_line(err, "CONTEXTLOG_SHARDS is 4 here but ingest runs with 8")
+
+
 def test_send_save_takes_the_description_as_an_argument(
     env: dict[str, str], rds: redis.Redis, capsys: pytest.CaptureFixture[str]
 ) -> None:

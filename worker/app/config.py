@@ -90,6 +90,7 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Build settings from `env` (default: the process environment)."""
         env = os.environ if env is None else env
+        _refuse_empty_servers(env)
         r = _Reader(env)
         redis_url = r.get("REDIS_URL", DEFAULT_REDIS_URL, _redis_url)
         return cls(
@@ -159,6 +160,23 @@ class Settings:
 def default_consumer() -> str:
     """A consumer name unique to this process: host and pid."""
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+# Variables whose default is a server: set but empty (`REDIS_URL=` in a shell or an .env
+# file) is a mistake to point out, not a quiet switch to the default server.
+_SERVER_VARIABLES: Final = {
+    "REDIS_URL": DEFAULT_REDIS_URL,
+    "DATABASE_URL": DEFAULT_DATABASE_URL,
+    "CONTEXTLOG_QUEUE_REDIS_URL": "REDIS_URL",
+}
+
+
+def _refuse_empty_servers(env: Mapping[str, str]) -> None:
+    for name, default in _SERVER_VARIABLES.items():
+        if name in env and not env[name].strip():
+            raise ConfigError(
+                f"{name} is set but empty: give a URL, or unset it for the default ({default})"
+            )
 
 
 class _Reader:

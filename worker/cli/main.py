@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from contextlog.producers.commands import parse_duration
-from contextlog.schema import codec
+from contextlog.schema import codec, keys
 from contextlog.schema.errors import ContextlogError, EventRejected, Unavailable
 from contextlog.worker.app import bootstrap, logs, metrics
 from contextlog.worker.app.clock import SystemClock
@@ -70,6 +70,7 @@ def cmd_ingest(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     """Print per-shard lag, pending work, dead letters and events stored."""
     client = cli_common.redis_client(settings)
+    keys.check_shards(client.get(keys.SHARDS_KEY), settings.shards)  # else: other streams
     with cli_common.pg_connect(settings) as conn:
         queue = cli_common.queue_client(settings)
         status = gather(client, conn, settings.shards, SystemClock().now(), queue)
@@ -188,6 +189,7 @@ def _blocks(text: str) -> Any:
 def cmd_dead_letters(settings: Settings, args: argparse.Namespace) -> int:
     """List dead letters, newest first, with their reasons."""
     client: Any = cli_common.redis_client(settings)  # replies are bytes
+    keys.check_shards(client.get(keys.SHARDS_KEY), settings.shards)
     rows = deadletters.newest(client, settings.shards, args.limit)
     items = [_dead_letter(entry_id, fields) for entry_id, fields in rows]
     if args.json:
