@@ -148,7 +148,7 @@ def test_a_shard_count_other_than_ingests_is_refused(
 def test_send_save_takes_the_description_as_an_argument(
     env: dict[str, str], rds: redis.Redis, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, err = run(["send", "save", A, C, "cli save"], capsys)
+    code, out, err = run(["send", "save", A, C, "cli save", "--wait", "0"], capsys)
     assert code == 0, err
     entries: Any = rds.xrange(keys.stream(keys.shard_of(A, C, 4)))
     [(_, fields)] = entries
@@ -292,8 +292,10 @@ def test_export_import_round_trip_of_a_session_with_tools(
     doc = json.loads(exported.read_text())
     assert [(m["role"], m["content"]) for m in doc["messages"]] == TOOL_SESSION
 
-    code, _, err = run(["import", str(exported), "--agent", A, "--channel", "dm"], capsys)
+    code, out, err = run(["import", str(exported), "--agent", A, "--channel", "dm"], capsys)
     assert code == 0, err
+    assert out.splitlines()[-1] == f"imported session {sid} ({len(TOOL_SESSION)} messages)", out
+    assert out.startswith(f"sent session {sid} ({len(TOOL_SESSION)} messages) to {A}/dm")
     assert conv.notice(nt.SESSION_IMPORTED, "dm").session_id == sid
     _, messages = conv.reader.session_messages(sid, agent=A, channel="dm")
     assert [(m.role, m.content) for m in messages] == TOOL_SESSION
@@ -305,6 +307,23 @@ def test_export_import_round_trip_of_a_session_with_tools(
     assert [(m["role"], m["content"]) for m in moved] == TOOL_SESSION
     # Moved twice, each message keeps the time it was first written, not the import's.
     assert [m["occurred_at"] for m in moved] == [m["occurred_at"] for m in doc["messages"]]
+
+
+def test_session_commands_wait_for_ingests_answer(
+    conv: Conversation, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`send restore ... no-such-session` exits 2 with the reason ingest gave, not 0."""
+    code, _, err = run(["send", "restore", A, C, "no-such-session"], capsys)
+    assert code == 2
+    assert_one_line(err, "restore refused: there is no session 'no-such-session'")
+    conv.producer.post_message(A, C, "user", "something to save", source="cli")
+    code, out, err = run(["send", "save", A, C, "kept"], capsys)
+    assert code == 0, err
+    eid, said = out.splitlines()
+    assert said.startswith("saved session ") and said.endswith("_kept (1 messages)")
+    assert conv.notice(nt.SESSION_SAVED).event_id == eid  # an adapter's group still gets it
+    code, out, err = run(["send", "delete-session", A, C, "nope", "--wait", "0"], capsys)
+    assert (code, len(out.splitlines()), err) == (0, 1, "")  # not waited for
 
 
 def test_export_of_another_conversations_session_reads_as_unknown(

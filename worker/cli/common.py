@@ -56,6 +56,32 @@ def non_negative(text: str) -> int:
     return _whole(text, 0)
 
 
+MAX_WAIT_S: Final = 600
+
+
+def wait_seconds(text: str) -> float:
+    """An argument that is a number of seconds to wait, 0 to MAX_WAIT_S."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value <= MAX_WAIT_S:
+        raise argparse.ArgumentTypeError(f"must be 0 to {MAX_WAIT_S} seconds, not {text}")
+    return value
+
+
+def add_wait(p: argparse.ArgumentParser) -> None:
+    """`--wait SECONDS` for ingest's answer to a command (session commands, import)."""
+    p.add_argument(
+        "--wait",
+        type=wait_seconds,
+        default=5.0,
+        metavar="SECONDS",
+        help="wait this long for ingest's answer (done or refused, which exits 2); "
+        "0: do not wait (default 5)",
+    )
+
+
 def _whole(text: str, least: int) -> int:
     try:
         value = int(text)

@@ -26,6 +26,7 @@ from contextlog.schema.errors import ContextlogError, EventRejected, Unavailable
 from contextlog.worker.app import bootstrap, logs, metrics
 from contextlog.worker.app.clock import SystemClock
 from contextlog.worker.app.config import Settings
+from contextlog.worker.cli import answers
 from contextlog.worker.cli import common as cli_common
 from contextlog.worker.cli import sessions as cli_sessions
 from contextlog.worker.cli.common import (
@@ -129,14 +130,25 @@ def _print_status(status: Status) -> None:
         console.print(Text.assemble(("unhealthy:", "red"), " ", p))
 
 
+# Commands whose outcome ingest publishes as a notice (done, or refused with a reason).
+ANSWERED = frozenset({"save", "restore", "delete-session", "purge-sessions"})
+
+
 def cmd_send(settings: Settings, args: argparse.Namespace) -> int:
-    """Push one message or command, as an adapter would; prints the event id."""
+    """Push one message or command, as an adapter would; prints the event id, and for a
+    session command waits (--wait) for ingest's answer: a refusal exits 2."""
     producer = cli_common.producer(settings)
     try:
-        print(_send(producer, args))
+        waits = args.verb in ANSWERED and args.wait > 0
+        after = answers.stream_end(producer.redis, args.source) if waits else ""
+        eid = _send(producer, args)
+        print(eid, flush=True)
+        if not waits:
+            return 0
+        notice = answers.answer(producer.redis, args.source, after, eid, args.wait)
     finally:
         producer.close()
-    return 0
+    return answers.report(notice, args.verb, args.wait)
 
 
 def _send(producer: Any, args: argparse.Namespace) -> str:
@@ -342,14 +354,19 @@ def _send_parser(sub: Any) -> None:
     m.add_argument("--external-id")
     m.add_argument("--blocks", action="store_true", help="TEXT is a JSON list of content blocks")
     verb("clear", "/context clear")
-    described = verb("save", "/context save [description]").add_mutually_exclusive_group()
+    save = verb("save", "/context save [description]")
+    described = save.add_mutually_exclusive_group()
     described.add_argument("description", nargs="?")
     described.add_argument("--description", dest="description_option", metavar="TEXT")
-    verb("restore", "/context restore", "session_id")
-    verb("delete-session", "delete one saved session", "session_id")
-    verb("purge-sessions", "keep only the newest N sessions").add_argument(
-        "--keep", type=non_negative, required=True
-    )
+    purge = verb("purge-sessions", "keep only the newest N sessions")
+    purge.add_argument("--keep", type=non_negative, required=True)
+    for answered in (
+        save,
+        verb("restore", "/context restore", "session_id"),
+        verb("delete-session", "delete one saved session", "session_id"),
+        purge,
+    ):
+        cli_common.add_wait(answered)
     c = verb("configure", "change conversation settings")
     c.add_argument("--rolling-window", type=_duration)
     c.add_argument("--idle-timeout", type=_duration)

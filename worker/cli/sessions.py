@@ -16,8 +16,8 @@ from contextlog.schema.notices import Notice
 from contextlog.worker.app import bootstrap, metrics
 from contextlog.worker.app.clock import SystemClock
 from contextlog.worker.app.config import Settings
+from contextlog.worker.cli import answers, dashboard
 from contextlog.worker.cli import common as cli_common
-from contextlog.worker.cli import dashboard
 from contextlog.worker.cli.common import console, positive
 from contextlog.worker.store import archive
 
@@ -82,15 +82,23 @@ def cmd_export(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_import(settings: Settings, args: argparse.Namespace) -> int:
-    """Validate an export file and create a session from it in a conversation."""
+    """Validate an export file and create a session from it in a conversation; says
+    which session it became (ingest keeps the exported id where it is free)."""
     doc = archive.read(Path(args.file))
     producer = cli_common.producer(settings)
     try:
         evts = archive.events(doc, args.agent, args.channel, SystemClock().now(), args.source)
-        print(archive.push(producer, evts))
+        after = answers.stream_end(producer.redis, args.source)
+        eid = archive.push(producer, evts)
+        print(
+            f"sent session {doc.session_id} ({len(doc.messages)} messages) to "
+            f"{args.agent}/{args.channel} as event {eid}",
+            flush=True,
+        )
+        notice = answers.answer(producer.redis, args.source, after, eid, args.wait)
     finally:
         producer.close()
-    return 0
+    return answers.report(notice, "import", args.wait)
 
 
 def _notice_line(n: Notice) -> str:
@@ -175,6 +183,7 @@ def add_parsers(sub: Any) -> None:
     i.add_argument("--agent", required=True)
     i.add_argument("--channel", required=True)
     i.add_argument("--source", default="cli", help="adapter told when it is done")
+    cli_common.add_wait(i)
     n = sub.add_parser("notifications", help="print an adapter's notifications")
     n.add_argument("source", nargs="?", default="cli")
     n.add_argument("--group", default="cli")
