@@ -168,7 +168,6 @@ def resources() -> Resources:
     return res
 
 
-
 def claim_shard_count(client: SyncClient, shards: int) -> None:
     """Record the shard count for producers, or refuse to run with a different one."""
     client.set(keys.SHARDS_KEY, shards, nx=True)
