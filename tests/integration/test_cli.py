@@ -326,6 +326,24 @@ def test_session_commands_wait_for_ingests_answer(
     assert (code, len(out.splitlines()), err) == (0, 1, "")  # not waited for
 
 
+def test_export_keeps_an_existing_file_unless_forced(
+    conv: Conversation, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    conv.producer.post_message(A, C, "user", "to export", source="cli")
+    conv.producer.save(A, C, "exported", source="cli")
+    sid = conv.notice(nt.SESSION_SAVED).session_id or ""
+    mine = tmp_path / "mine.json"
+    mine.write_text("my notes\n")
+    argv = ["export", sid, "--agent", A, "--channel", C, "-o", str(mine)]
+    code, _, err = run(argv, capsys)
+    assert code == 2
+    assert_one_line(err, f"{mine} exists: give --force to overwrite it, or -o another file")
+    assert mine.read_text() == "my notes\n"
+    code, _, err = run([*argv, "--force"], capsys)
+    assert code == 0, err
+    assert json.loads(mine.read_text())["session_id"] == sid
+
+
 def test_export_of_another_conversations_session_reads_as_unknown(
     conv: Conversation, capsys: pytest.CaptureFixture[str]
 ) -> None:

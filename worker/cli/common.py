@@ -70,6 +70,17 @@ def wait_seconds(text: str) -> float:
     return value
 
 
+def add_conversation(p: argparse.ArgumentParser) -> None:
+    """The conversation a command is about: AGENT CHANNEL."""
+    p.add_argument("agent", help="the bot (agent) of the conversation")
+    p.add_argument("channel", help="the channel of the conversation")
+
+
+def add_json(p: argparse.ArgumentParser) -> None:
+    """`--json`: the data as JSON instead of text for people."""
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
 def add_wait(p: argparse.ArgumentParser) -> None:
     """`--wait SECONDS` for ingest's answer to a command (session commands, import)."""
     p.add_argument(

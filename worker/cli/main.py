@@ -338,39 +338,41 @@ def _send_parser(sub: Any) -> None:
     send = sub.add_parser("send", help="push a message or a command from the shell")
     verbs = send.add_subparsers(dest="verb", required=True)
 
-    def verb(name: str, help: str, *extra: str) -> argparse.ArgumentParser:
+    def verb(name: str, help: str, *extra: tuple[str, str]) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = verbs.add_parser(name, help=help)
-        p.add_argument("agent")
-        p.add_argument("channel")
-        for arg in extra:
-            p.add_argument(arg)
-        p.add_argument("--thread")
-        p.add_argument("--sender")
+        cli_common.add_conversation(p)
+        for arg, what in extra:
+            p.add_argument(arg, help=what)
+        p.add_argument("--thread", help="the thread inside the conversation (default: none)")
+        p.add_argument("--sender", help="who sent it, as the platform names them")
         p.add_argument("--source", default="cli", help="adapter that gets the notifications")
         return p
 
-    m = verb("message", "post a message", "text")
-    m.add_argument("--role", choices=("user", "assistant"), default="user")
-    m.add_argument("--external-id")
+    m = verb("message", "post a message", ("text", "the message (or --blocks JSON)"))
+    m.add_argument("--role", choices=("user", "assistant"), default="user", help="who speaks")
+    m.add_argument("--external-id", help="the platform's message id: a re-send is stored once")
     m.add_argument("--blocks", action="store_true", help="TEXT is a JSON list of content blocks")
     verb("clear", "/context clear")
     save = verb("save", "/context save [description]")
     described = save.add_mutually_exclusive_group()
-    described.add_argument("description", nargs="?")
-    described.add_argument("--description", dest="description_option", metavar="TEXT")
+    described.add_argument("description", nargs="?", help="what the session was about")
+    described.add_argument(
+        "--description", dest="description_option", metavar="TEXT", help="the same, as an option"
+    )
     purge = verb("purge-sessions", "keep only the newest N sessions")
-    purge.add_argument("--keep", type=non_negative, required=True)
+    purge.add_argument("--keep", type=non_negative, required=True, help="sessions to keep (N)")
+    session = ("session_id", "a saved session's id (`contextlog sessions`), or `last`")
     for answered in (
         save,
-        verb("restore", "/context restore", "session_id"),
-        verb("delete-session", "delete one saved session", "session_id"),
+        verb("restore", "/context restore", session),
+        verb("delete-session", "delete one saved session", session),
         purge,
     ):
         cli_common.add_wait(answered)
     c = verb("configure", "change conversation settings")
-    c.add_argument("--rolling-window", type=_duration)
-    c.add_argument("--idle-timeout", type=_duration)
-    c.add_argument("--token-budget", type=positive)
+    c.add_argument("--rolling-window", type=_duration, help="history kept in context (e.g. 24h)")
+    c.add_argument("--idle-timeout", type=_duration, help="silence before an auto-save (30m; 0)")
+    c.add_argument("--token-budget", type=positive, help="tokens a context may hold (e.g. 16000)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -381,16 +383,15 @@ def parser() -> argparse.ArgumentParser:
     ingest = sub.add_parser("ingest", help="move events from the Redis streams into Postgres")
     add_metrics_options(ingest)
     st = sub.add_parser("status", help="lag, pending work, dead letters, events stored")
-    st.add_argument("--json", action="store_true")
+    cli_common.add_json(st)
     _send_parser(sub)
     dl = sub.add_parser("dead-letters", help="list rejected entries with their reasons")
-    dl.add_argument("--limit", type=positive, default=20)
-    dl.add_argument("--json", action="store_true")
+    dl.add_argument("--limit", type=positive, default=20, help="how many, newest first (20)")
+    cli_common.add_json(dl)
     ctx = sub.add_parser("context", help="show the context of a conversation")
-    ctx.add_argument("agent")
-    ctx.add_argument("channel")
-    ctx.add_argument("--thread")
-    ctx.add_argument("--json", action="store_true")
+    cli_common.add_conversation(ctx)
+    ctx.add_argument("--thread", help="the thread inside the conversation (default: none)")
+    cli_common.add_json(ctx)
     sub.add_parser("rebuild", help="rebuild the projections by replaying the log")
     sub.add_parser("demo", help="run a short scripted conversation end to end")
     ret = sub.add_parser("retire", help="archive, then drop, conversations silent for long")

@@ -75,7 +75,9 @@ def cmd_export(settings: Settings, args: argparse.Namespace) -> int:
         reader.close()
     output = Path(args.output) if args.output else None
     path = archive.write(
-        archive.document(info, messages), archive.target(Path.cwd(), info.session_id, output)
+        archive.document(info, messages),
+        archive.target(Path.cwd(), info.session_id, output),
+        overwrite=args.force,
     )
     print(path)
     return 0
@@ -164,34 +166,35 @@ def add_metrics_options(p: argparse.ArgumentParser) -> None:
 def add_parsers(sub: Any) -> None:
     """The session, notification and worker subcommands."""
     s = sub.add_parser("sessions", help="list saved sessions, newest first")
-    s.add_argument("agent")
-    s.add_argument("--channel")
-    s.add_argument("--page", type=positive, default=1)
-    s.add_argument("--json", action="store_true")
+    s.add_argument("agent", help="the bot (agent) whose sessions to list")
+    s.add_argument("--channel", help="only this channel's (default: every channel)")
+    s.add_argument("--page", type=positive, default=1, help="page N, ten a page (1: newest)")
+    cli_common.add_json(s)
     e = sub.add_parser(
         "export",
         help="write a saved session as a JSON file",
         description="A session id is unique only within its conversation (agent and "
         "channel): name both; `contextlog sessions AGENT` lists them.",
     )
-    e.add_argument("session_id")
+    e.add_argument("session_id", help="the session's id (`contextlog sessions AGENT`)")
     e.add_argument("--agent", required=True, help="the conversation's agent")
     e.add_argument("--channel", required=True, help="the conversation's channel")
     e.add_argument("-o", "--output", help="file to write (default: <id>.json here)")
+    e.add_argument("--force", action="store_true", help="overwrite the file if it exists")
     i = sub.add_parser("import", help="create a session from an exported JSON file")
-    i.add_argument("file")
-    i.add_argument("--agent", required=True)
-    i.add_argument("--channel", required=True)
+    i.add_argument("file", help="a file `contextlog export` wrote")
+    i.add_argument("--agent", required=True, help="the agent of the conversation to import into")
+    i.add_argument("--channel", required=True, help="its channel")
     i.add_argument("--source", default="cli", help="adapter told when it is done")
     cli_common.add_wait(i)
     n = sub.add_parser("notifications", help="print an adapter's notifications")
-    n.add_argument("source", nargs="?", default="cli")
-    n.add_argument("--group", default="cli")
-    n.add_argument("--follow", "-f", action="store_true")
-    n.add_argument("--json", action="store_true")
+    n.add_argument("source", nargs="?", default="cli", help="the adapter's name (default: cli)")
+    n.add_argument("--group", default="cli", help="consumer group that acknowledges them (cli)")
+    n.add_argument("--follow", "-f", action="store_true", help="keep printing new ones")
+    cli_common.add_json(n)
     c = sub.add_parser("chat", help="chat in the terminal, with memory")
-    c.add_argument("agent")
-    c.add_argument("--channel", default="terminal")
+    c.add_argument("agent", help="the bot (agent) to chat as")
+    c.add_argument("--channel", default="terminal", help="the channel (default: terminal)")
     sub.add_parser("dashboard", help="run rq-dashboard (127.0.0.1:9181 unless configured)")
     w = sub.add_parser("worker", help="run jobs: summaries, compaction, idle saves")
     w.add_argument("--burst", action="store_true", help="exit when the queues are empty")

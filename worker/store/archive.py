@@ -123,10 +123,15 @@ def target(folder: Path, session_id: str, output: Path | None = None) -> Path:
     return path
 
 
-def write(doc: ExportedSession, path: Path) -> Path:
-    """Write the export as indented JSON."""
+def write(doc: ExportedSession, path: Path, *, overwrite: bool = False) -> Path:
+    """Write the export as indented JSON; an existing file is kept unless `overwrite`
+    (checked as the file is created, so nothing can appear in between)."""
+    data = msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n"
     try:
-        path.write_bytes(msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n")
+        with path.open("wb" if overwrite else "xb") as f:
+            f.write(data)
+    except FileExistsError:
+        raise Refused(f"{path} exists: give --force to overwrite it, or -o another file") from None
     except OSError as e:
         raise Refused(f"cannot write {path}: {e.strerror or e}") from None
     return path
