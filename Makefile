@@ -39,8 +39,9 @@ bench: $(BENCH_STAMP)
 # Logs: the console form on a terminal (JSON lines into a file or pipe), without a time of
 # their own, as honcho stamps each line; a variable set by the caller wins.
 run: $(STAMP)
+	@if [ -t 1 ]; then format=console; else format=json; fi; \
 	$(DEVENV) env PATH="$(CURDIR)/$(VENV)/bin:$$PATH" \
-	  CONTEXTLOG_LOG_FORMAT="$${CONTEXTLOG_LOG_FORMAT:-$$([ -t 1 ] && echo console || echo json)}" \
+	  CONTEXTLOG_LOG_FORMAT="$${CONTEXTLOG_LOG_FORMAT:-$$format}" \
 	  CONTEXTLOG_LOG_TIMESTAMPS="$${CONTEXTLOG_LOG_TIMESTAMPS:-0}" $(VENV)/bin/honcho start
 
 # From a second terminal while `make run` (or a --keep run) is up: CMD on its servers, e.g.
