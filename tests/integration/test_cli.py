@@ -26,6 +26,7 @@ from contextlog.worker.cli import main as cli
 from contextlog.worker.cli.common import console
 from contextlog.worker.store import archive
 from tests.support import services
+from tests.support.exports import HELLO, export_file
 from tests.support.running import eventually, running, settings_for
 
 pytestmark = pytest.mark.integration
@@ -63,22 +64,6 @@ def env(db: str, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, s
         monkeypatch.setenv(name, value)
     return values
 
-
-def export_file(tmp_path: Path, messages: list[dict[str, Any]], **extra: Any) -> Path:
-    doc = {
-        "format": "contextlog.session.v1",
-        "session_id": "2025-01-02_imported",
-        "timestamp": "2025-01-02T10:00:00Z",
-        "message_count": len(messages),
-        "messages": messages,
-        **extra,
-    }
-    path = tmp_path / "session.json"
-    path.write_text(json.dumps(doc))
-    return path
-
-
-HELLO = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
 
 # Servers unreachable, silent, hanging up or refusing: tests/integration/test_cli_outages.py
 

@@ -8,7 +8,6 @@ process (side by side: each waits out its timeout); the quick failures run in th
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import pytest
 
 from contextlog.worker.cli import main as cli
 from tests.support.broken import MODES, BrokenServer, unreachable_url
+from tests.support.exports import HELLO, export_file
 from tests.support.running import running, settings_for
 
 pytestmark = pytest.mark.integration
@@ -137,20 +137,6 @@ def base_env(db: str, redis_url: str) -> dict[str, str]:
     }
 
 
-def export_file(tmp_path: Path) -> Path:
-    path = tmp_path / "session.json"
-    messages = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
-    doc = {
-        "format": "contextlog.session.v1",
-        "session_id": "2025-01-02_imported",
-        "timestamp": "2025-01-02T10:00:00Z",
-        "message_count": 2,
-        "messages": messages,
-    }
-    path.write_text(json.dumps(doc))
-    return path
-
-
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("mode", ["unreachable", *MODES])
 @pytest.mark.parametrize("server", ["postgres", "redis"])
@@ -164,7 +150,7 @@ def test_each_subcommand_fails_in_one_line_when_a_server_is_broken(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     variable = VARIABLE[server]
-    file = str(export_file(tmp_path))
+    file = str(export_file(tmp_path, HELLO))
     # A Redis answering only errors refuses the request (2); every other failure is a
     # server that cannot be reached (3).
     code = 2 if (server, mode) == ("redis", "errors") else 3
