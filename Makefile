@@ -36,14 +36,21 @@ bench: $(BENCH_STAMP)
 
 # The whole stack of the Procfile (ingest, worker, dashboard on 127.0.0.1:9181) under honcho.
 # It prints the embedded servers' URLs; closing its terminal or killing it stops everything.
+# Logs: the console form on a terminal (JSON lines into a file or pipe), without a time of
+# their own, as honcho stamps each line; a variable set by the caller wins.
 run: $(STAMP)
-	$(DEVENV) env PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/honcho start
+	@if [ -t 1 ]; then format=console; else format=json; fi; \
+	$(DEVENV) env PATH="$(CURDIR)/$(VENV)/bin:$$PATH" \
+	  CONTEXTLOG_LOG_FORMAT="$${CONTEXTLOG_LOG_FORMAT:-$$format}" \
+	  CONTEXTLOG_LOG_TIMESTAMPS="$${CONTEXTLOG_LOG_TIMESTAMPS:-0}" $(VENV)/bin/honcho start
 
 # From a second terminal while `make run` (or a --keep run) is up: CMD on its servers, e.g.
 # `make attach CMD='contextlog status'`; without CMD, a shell with DATABASE_URL and REDIS_URL.
+# CMD reaches `sh -c` as written: $(value ...) keeps make from expanding its `$`, so
+# CMD='psql "$$DATABASE_URL"' is not needed: CMD='psql "$DATABASE_URL"' works.
 attach: $(STAMP)
 	@PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/python -m contextlog.worker.dev.devenv --attach -- \
-	  $(if $(CMD),sh -c "$$CMD",$${SHELL:-sh})
+	  $(if $(value CMD),sh -c '$(subst ','\'',$(value CMD))',$${SHELL:-sh})
 
 # mypy checks the benchmarks too, so it needs their peers (the bench extra). It cannot see
 # through the editable install's import hook: it reads the package through
@@ -54,8 +61,23 @@ lint: $(BENCH_STAMP)
 	@for d in schema producers worker; do ln -sfn ../../$$d .typing/contextlog/$$d; done
 	$(VENV)/bin/mypy
 
-# Servers left running by `devenv --keep` are stopped first.
+# `.hypothesis/` holds what HYPOTHESIS_PROFILE=dev runs stored to replay. `.contextlog/`
+# holds the embedded database, every conversation and session in it: its servers are
+# stopped (refused while `make run` uses them), then it is deleted only after a yes typed
+# on a terminal, or with FORCE=1; without a terminal (a script, CI) it is kept and the
+# target fails, saying so.
 clean:
-	@if [ -x $(VENV)/bin/python ] && [ -d .contextlog ]; then \
-	  $(VENV)/bin/python -m contextlog.worker.dev.devenv --stop; fi
-	rm -rf .contextlog
+	rm -rf .hypothesis
+	@if [ -d .contextlog ]; then \
+	  if [ -x $(VENV)/bin/python ]; then \
+	    $(VENV)/bin/python -m contextlog.worker.dev.devenv --stop || exit 1; fi; \
+	  if [ "$(FORCE)" != 1 ]; then \
+	    if [ ! -t 0 ]; then \
+	      echo "make clean: kept .contextlog/, the embedded database with every conversation" \
+	        "and session; to delete it too: make clean FORCE=1" >&2; exit 1; fi; \
+	    printf 'Delete .contextlog/, the embedded database with every conversation and session? [y/N] '; \
+	    read answer; \
+	    case "$$answer" in [yY]|[yY][eE][sS]) ;; *) echo "kept .contextlog/"; exit 0;; esac; \
+	  fi; \
+	  rm -rf .contextlog; echo "deleted .contextlog/"; \
+	fi

@@ -14,6 +14,7 @@ import msgspec
 from contextlog.producers.ids import derived_id, uuid7
 from contextlog.schema import attachments, codec, keys
 from contextlog.schema import events as ev
+from contextlog.schema.defaults import parse_duration as parse_duration  # re-exported
 from contextlog.schema.errors import EventRejected, EventTooLarge
 
 R = TypeVar("R")
@@ -266,16 +267,3 @@ class Batch(Commands[str]):
     def ids(self) -> list[str]:
         """Event ids in the order they were added."""
         return [p.event_id for p in self.prepared]
-
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(text: str) -> int:
-    """Seconds in `90`, `90s`, `10m`, `24h` or `7d`; raises ValueError with the reason."""
-    raw = text.strip().lower()
-    unit = raw[-1:] if raw[-1:] in _UNITS else "s"
-    number = raw[:-1] if raw[-1:] in _UNITS else raw
-    if not number.isdigit():
-        raise ValueError(f"not a duration: {text!r} (use e.g. 90s, 10m, 24h, 7d)")
-    return int(number) * _UNITS[unit]

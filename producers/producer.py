@@ -14,16 +14,7 @@ from contextlog.producers import connection
 from contextlog.producers.commands import Batch, Commands, Encoder, Prepared, utcnow
 from contextlog.schema import attachments, codec, keys
 from contextlog.schema import events as ev
-from contextlog.schema.errors import ConfigError, Unavailable
-
-
-def _check_shards(configured: bytes | str | None, shards: int) -> None:
-    """Refuse to write with a shard count other than the one ingest runs with."""
-    if configured is not None and int(configured) != shards:
-        raise ConfigError(
-            f"{keys.SHARDS_VAR} is {shards} here but ingest runs with {int(configured)}: "
-            f"set {keys.SHARDS_VAR}={int(configured)} for this producer"
-        )
+from contextlog.schema.errors import Unavailable
 
 
 def _one_shard(prepared: list[Prepared]) -> None:
@@ -147,7 +138,7 @@ class Producer(_Base, Commands[str]):
             _one_shard(prepared)
         try:
             if not self._shards_checked:
-                _check_shards(self.redis.get(keys.SHARDS_KEY), self.encoder.shards)
+                keys.check_shards(self.redis.get(keys.SHARDS_KEY), self.encoder.shards)
                 self._shards_checked = True
             pipe = self.redis.pipeline(transaction=atomic or _with_blobs(prepared))
             _queue(pipe, prepared, self.encoder.limits.ttl_s)
@@ -191,7 +182,7 @@ class AsyncProducer(_Base, Commands[Any]):
         """XADD already-checked entries in one round trip."""
         try:
             if not self._shards_checked:
-                _check_shards(await self.redis.get(keys.SHARDS_KEY), self.encoder.shards)
+                keys.check_shards(await self.redis.get(keys.SHARDS_KEY), self.encoder.shards)
                 self._shards_checked = True
             pipe = self.redis.pipeline(transaction=_with_blobs(prepared))
             _queue(pipe, prepared, self.encoder.limits.ttl_s)

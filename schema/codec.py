@@ -122,17 +122,22 @@ _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
 _NAMES: Final = {cls: operator.attrgetter(*fields) for cls, fields in NAMES_OF.items()}
 
 
+def has_control(name: str) -> bool:
+    """Whether `name` holds a control character (U+0000-U+001F, U+007F), which names
+    (agent, channel, thread, ...) must not; other unprintable characters are allowed."""
+    return _CONTROL.search(name) is not None
+
+
 def _check_names(event: AnyEvent) -> None:
     """Names (agent, channel, thread, ...) must not hold control characters.
 
     All of an event's names are looked at as one string. Control characters are not
-    printable, so a printable string passes at once; the pattern decides the rest (other
-    unprintable characters, such as a no-break space, are allowed)."""
+    printable, so a printable string passes at once; `has_control` decides the rest."""
     joined = "".join(filter(None, _NAMES[type(event)](event)))
-    if joined.isprintable() or not _CONTROL.search(joined):
+    if joined.isprintable() or not has_control(joined):
         return
     fields = NAMES_OF[type(event)]
-    bad = next(f for f in fields if _CONTROL.search(getattr(event, f) or ""))
+    bad = next(f for f in fields if has_control(getattr(event, f) or ""))
     raise EventRejected(INVALID, f"control characters are not allowed - at `$.{bad}`")
 
 

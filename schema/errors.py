@@ -10,7 +10,8 @@ ContextlogError
 ├── Conflict             another writer stored some of the same events meanwhile
 ├── StorageRefused       the database refused an event the contract accepted
 ├── NotVisible           a read waited for an event that was not stored in time
-└── Refused              a request about sessions cannot be done (unknown, foreign, bad file)
+├── Refused              a request about sessions cannot be done (unknown, foreign, bad file)
+└── ModelFailed          the model behind a reply (the Anthropic API) gave none
 """
 
 from __future__ import annotations
@@ -70,3 +71,8 @@ class Refused(ContextlogError):
     """Raised when a session request is refused: no such session, a session of another
     conversation, or an import file that is not a valid export; or a retention request
     (`contextlog retire`) that would break the log's rules; the message says which."""
+
+
+class ModelFailed(ContextlogError):
+    """Raised when the Anthropic API gives no reply (unreachable, timed out, rate limited,
+    an error status or an unreadable answer); the message says which, on one line."""

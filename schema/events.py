@@ -200,6 +200,7 @@ class SessionImported(Event, frozen=True, kw_only=True, tag="session_imported.v1
     summary: Text | None = None
     created_at: Annotated[dt.datetime, Meta(tz=True)] | None = None
     auto: bool = False
+    summary_local: bool = False  # the summary came from the local summarizer
 
 
 AnyEvent: TypeAlias = (

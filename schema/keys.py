@@ -84,6 +84,17 @@ def shards_from_env(env: Mapping[str, str]) -> int:
     return value
 
 
+def check_shards(recorded: bytes | str | None, shards: int) -> None:
+    """Refuse to work with a shard count other than the one ingest recorded (SHARDS_KEY):
+    producers would write to streams no ingest reads, and `status` would show the wrong
+    ones. Nothing recorded yet (no ingest ran) passes."""
+    if recorded is not None and int(recorded) != shards:
+        raise ConfigError(
+            f"{SHARDS_VAR} is {shards} here but ingest runs with {int(recorded)}: "
+            f"set {SHARDS_VAR}={int(recorded)} here too"
+        )
+
+
 def attachment(shard: int, sha256: str) -> str:
     """The bytes of one attachment waiting for ingest; in its entry's shard slot, so the
     producer writes it and the entry in one MULTI and ingest reads it with its shard."""

@@ -9,8 +9,12 @@ import pytest
 import redis
 import structlog
 
-from tests.support import servers, services
+from tests.support import properties, servers, services
 from tests.support.cluster import RedisCluster3
+
+# One hypothesis profile for the whole run (see tests/support/properties.py): `ci` unless
+# HYPOTHESIS_PROFILE names another; loaded before any test module builds its settings.
+properties.load(os.environ)
 
 # The primary + streaming replica pair (`replica_pair`, `replicated`) of the replica tests.
 pytest_plugins = ("tests.support.replica",)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import json
 import os
 import subprocess
 import urllib.error
@@ -238,4 +239,20 @@ def test_dashboard_asks_for_basic_auth_when_configured(redis_url: str, tmp_path:
         # The password reaches rq-dashboard by environment: `ps` never shows it.
         cmdline = Path(f"/proc/{p.proc.pid}/cmdline").read_bytes()
         assert PASSWORD.encode() not in cmdline
-    assert PASSWORD not in (tmp_path / "dashboard.log").read_text()
+    log = (tmp_path / "dashboard.log").read_text()
+    assert PASSWORD not in log
+
+
+def test_dashboard_starts_quietly(redis_url: str, tmp_path: Path) -> None:
+    """One info line says where it listens: no banner, no address logged as an error,
+    and no line per poll of an open page."""
+    log = tmp_path / "dashboard.log"
+    with dashboard(redis_url, log, CONTEXTLOG_LOG_FORMAT="json") as (url, _):
+        for _ in range(3):
+            assert status(url + "/0/data/queues.json") == 200
+    printed = log.read_text().splitlines()
+    records = [json.loads(line) for line in printed if line.startswith("{")]
+    assert [line for line in printed if not line.startswith(("{", "---"))] == []
+    assert [(r["level"], r["event"], r["url"]) for r in records] == [
+        ("info", "dashboard listening", url)
+    ]

@@ -27,3 +27,4 @@ def test_demo_runs_to_completion(db: str, redis_url: str) -> None:
     assert "reason=invalid" in out
     assert "after /context clear: 0 messages" in out
     assert "exit code 0" in out
+    assert done.stderr == ""  # no log line between the numbered steps

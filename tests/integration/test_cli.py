@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,8 +26,8 @@ from contextlog.worker.cli import main as cli
 from contextlog.worker.cli.common import console
 from contextlog.worker.store import archive
 from tests.support import services
+from tests.support.exports import HELLO, export_file
 from tests.support.running import eventually, running, settings_for
-from tests.support.servers import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -66,89 +65,7 @@ def env(db: str, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, s
     return values
 
 
-def export_file(tmp_path: Path, messages: list[dict[str, Any]], **extra: Any) -> Path:
-    doc = {
-        "format": "contextlog.session.v1",
-        "session_id": "2025-01-02_imported",
-        "timestamp": "2025-01-02T10:00:00Z",
-        "message_count": len(messages),
-        "messages": messages,
-        **extra,
-    }
-    path = tmp_path / "session.json"
-    path.write_text(json.dumps(doc))
-    return path
-
-
-HELLO = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
-
-# --- servers unreachable: exit 3 within a couple of seconds --------------------------------
-
-REDIS_COMMANDS = [
-    ["send", "message", A, C, "hi"],
-    ["send", "save", A, C],
-    ["notifications"],
-    ["dead-letters"],
-    ["import", "{file}", "--agent", A, "--channel", C],
-    ["status"],
-    ["chat", A],
-]
-POSTGRES_COMMANDS = [
-    ["context", A, C],
-    ["sessions", A],
-    ["export", "2025-01-02_x", "--agent", A, "--channel", C],
-    ["status"],
-    ["migrate"],
-    ["rebuild"],
-    ["chat", A],
-]
-
-
-@pytest.mark.parametrize("argv", REDIS_COMMANDS, ids=lambda a: "-".join(a[:2]))
-def test_redis_unreachable_exits_3_quickly(
-    argv: list[str],
-    env: dict[str, str],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    monkeypatch.setenv("REDIS_URL", f"redis://127.0.0.1:{free_port()}/13")
-    file = str(export_file(tmp_path, HELLO))
-    started = time.monotonic()
-    code, _, err = run([file if a == "{file}" else a for a in argv], capsys)
-    assert (code, time.monotonic() - started < 3) == (3, True), err
-    assert_one_line(err, "Redis")
-
-
-@pytest.mark.parametrize("argv", POSTGRES_COMMANDS, ids=lambda a: a[0])
-def test_postgres_unreachable_exits_3_quickly(
-    argv: list[str],
-    env: dict[str, str],
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    monkeypatch.setenv("DATABASE_URL", f"postgresql://postgres@127.0.0.1:{free_port()}/x")
-    started = time.monotonic()
-    code, _, err = run(argv, capsys)
-    assert (code, time.monotonic() - started < 3) == (3, True), err
-    assert_one_line(err, "Postgres", "DATABASE_URL")
-
-
-def test_console_script_reports_an_outage_in_one_line(env: dict[str, str]) -> None:
-    for var, url in (
-        ("REDIS_URL", f"redis://127.0.0.1:{free_port()}/13"),
-        ("DATABASE_URL", f"postgresql://postgres@127.0.0.1:{free_port()}/x"),
-    ):
-        argv = ["send", "message", A, C, "hi"] if var == "REDIS_URL" else ["sessions", A]
-        done = subprocess.run(
-            [CONTEXTLOG, *argv],
-            env={**os.environ, var: url},
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        assert done.returncode == 3, done.stderr
-        assert_one_line(done.stderr, var)
+# Servers unreachable, silent, hanging up or refusing: tests/integration/test_cli_outages.py
 
 
 # --- bad input: exit 2 with a message ----------------------------------------------------
@@ -198,10 +115,25 @@ def test_bad_configuration_exits_2_naming_the_variable(
     assert_one_line(err, name)
 
 
+@pytest.mark.parametrize("argv", [["status"], ["dead-letters"], ["send", "message", A, C, "hi"]])
+def test_a_shard_count_other_than_ingests_is_refused(
+    argv: list[str],
+    env: dict[str, str],
+    rds: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The streams this would read or write are not the ones ingest reads."""
+    rds.set(keys.SHARDS_KEY, 8)  # as an ingest with CONTEXTLOG_SHARDS=8 recorded it
+    code, _, err = run(argv, capsys)
+    assert code == 2
+    assert_one_line(err, "CONTEXTLOG_SHARDS is 4 here but ingest runs with 8")
+
+
 def test_send_save_takes_the_description_as_an_argument(
     env: dict[str, str], rds: redis.Redis, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, err = run(["send", "save", A, C, "cli save"], capsys)
+    code, out, err = run(["send", "save", A, C, "cli save", "--wait", "0"], capsys)
     assert code == 0, err
     entries: Any = rds.xrange(keys.stream(keys.shard_of(A, C, 4)))
     [(_, fields)] = entries
@@ -345,8 +277,10 @@ def test_export_import_round_trip_of_a_session_with_tools(
     doc = json.loads(exported.read_text())
     assert [(m["role"], m["content"]) for m in doc["messages"]] == TOOL_SESSION
 
-    code, _, err = run(["import", str(exported), "--agent", A, "--channel", "dm"], capsys)
+    code, out, err = run(["import", str(exported), "--agent", A, "--channel", "dm"], capsys)
     assert code == 0, err
+    assert out.splitlines()[-1] == f"imported session {sid} ({len(TOOL_SESSION)} messages)", out
+    assert out.startswith(f"sent session {sid} ({len(TOOL_SESSION)} messages) to {A}/dm")
     assert conv.notice(nt.SESSION_IMPORTED, "dm").session_id == sid
     _, messages = conv.reader.session_messages(sid, agent=A, channel="dm")
     assert [(m.role, m.content) for m in messages] == TOOL_SESSION
@@ -358,6 +292,41 @@ def test_export_import_round_trip_of_a_session_with_tools(
     assert [(m["role"], m["content"]) for m in moved] == TOOL_SESSION
     # Moved twice, each message keeps the time it was first written, not the import's.
     assert [m["occurred_at"] for m in moved] == [m["occurred_at"] for m in doc["messages"]]
+
+
+def test_session_commands_wait_for_ingests_answer(
+    conv: Conversation, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`send restore ... no-such-session` exits 2 with the reason ingest gave, not 0."""
+    code, _, err = run(["send", "restore", A, C, "no-such-session"], capsys)
+    assert code == 2
+    assert_one_line(err, "restore refused: there is no session 'no-such-session'")
+    conv.producer.post_message(A, C, "user", "something to save", source="cli")
+    code, out, err = run(["send", "save", A, C, "kept"], capsys)
+    assert code == 0, err
+    eid, said = out.splitlines()
+    assert said.startswith("saved session ") and said.endswith("_kept (1 messages)")
+    assert conv.notice(nt.SESSION_SAVED).event_id == eid  # an adapter's group still gets it
+    code, out, err = run(["send", "delete-session", A, C, "nope", "--wait", "0"], capsys)
+    assert (code, len(out.splitlines()), err) == (0, 1, "")  # not waited for
+
+
+def test_export_keeps_an_existing_file_unless_forced(
+    conv: Conversation, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    conv.producer.post_message(A, C, "user", "to export", source="cli")
+    conv.producer.save(A, C, "exported", source="cli")
+    sid = conv.notice(nt.SESSION_SAVED).session_id or ""
+    mine = tmp_path / "mine.json"
+    mine.write_text("my notes\n")
+    argv = ["export", sid, "--agent", A, "--channel", C, "-o", str(mine)]
+    code, _, err = run(argv, capsys)
+    assert code == 2
+    assert_one_line(err, f"{mine} exists: give --force to overwrite it, or -o another file")
+    assert mine.read_text() == "my notes\n"
+    code, _, err = run([*argv, "--force"], capsys)
+    assert code == 0, err
+    assert json.loads(mine.read_text())["session_id"] == sid
 
 
 def test_export_of_another_conversations_session_reads_as_unknown(
@@ -384,17 +353,57 @@ def test_export_of_another_conversations_session_reads_as_unknown(
 
 
 def test_sessions_of_all_channels_name_each_channel(
-    conv: Conversation, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    conv: Conversation, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(console, "width", 400)  # no wrapping inside the cells
     conv.producer.post_message(A, "[bold]room[/bold]", "user", "hello [/x] :smile:", source="cli")
     conv.producer.save(A, "[bold]room[/bold]", source="cli")
-    conv.notice(nt.SESSION_SAVED)
+    sid = conv.notice(nt.SESSION_SAVED).session_id
     code, out, err = run(["sessions", A], capsys)
     assert code == 0, err
-    assert "│ [bold]room[/bold] │" in out and "hello [/x] :smile:" in out, out
+    assert f"{sid}  [bold]room[/bold]  " in out and "hello [/x] :smile:" in out, out
     code, out, err = run(["context", A, "[bold]room[/bold]"], capsys)
     assert code == 0 and "hello [/x] :smile:" in out, err
+
+
+LONGEST_SLUG = "x" * 40  # sessions.MAX_SLUG: the longest id a description gives
+
+
+@pytest.mark.parametrize("through", ["a terminal of 80 columns", "a pipe"])
+def test_sessions_keep_ids_whole_and_each_on_two_lines(
+    through: str,
+    conv: Conversation,
+    env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Ids are copied from this list into `restore` and `export`: never broken, however
+    narrow the terminal; a long description or summary is cut to the width instead of
+    wrapping over dozens of lines (`--json` has it whole)."""
+    ids = []
+    for n, description in enumerate([LONGEST_SLUG, "word " * 99, LONGEST_SLUG]):
+        conv.producer.post_message(A, C, "user", f"message {n}", source="cli")
+        conv.producer.save(A, C, description, source="cli")
+        ids.append(conv.notice(nt.SESSION_SAVED).session_id or "")
+    assert len(ids[2]) > 51  # 2026-11-22_ + 40 + "-2"
+    if through == "a pipe":
+        done = subprocess.run(
+            [CONTEXTLOG, "sessions", A, "--channel", C],
+            env={k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        code, out = done.returncode, done.stdout
+    else:
+        monkeypatch.setattr(console, "width", 80)
+        code, out, _ = run(["sessions", A, "--channel", C], capsys)
+    assert code == 0, out
+    lines = out.splitlines()
+    assert len(lines) == 1 + 2 * len(ids), out  # a title, then two lines a session
+    for sid in ids:
+        assert any(line.startswith(sid + " ") for line in lines), (sid, out)
+    assert all(len(line) <= 80 for line in lines), out
+    assert lines[4].startswith("    word word") and lines[4].endswith("…"), out
 
 
 # Deeper than ingest takes (codec.MAX_NESTING), shallow enough for the file's decoder.

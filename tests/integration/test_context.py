@@ -24,6 +24,7 @@ from contextlog.producers.ids import uuid7
 from contextlog.producers.reader import _configure
 from contextlog.schema import events as ev
 from contextlog.schema.defaults import ConversationDefaults
+from tests.support import properties
 from tests.support.anthropic_rules import check_messages
 from tests.support.appendonly import extends
 from tests.support.blocks import PARAMS, server_call, thinking
@@ -430,7 +431,9 @@ def operations(draw: st.DrawFn) -> list[tuple[str, Any]]:
 
 
 @settings(
-    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=properties.examples(30),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(ops=operations())
 def test_any_history_reads_back_append_only_and_accepted_by_the_api(

@@ -35,6 +35,7 @@ from contextlog.worker.store.eventlog import (
     bound_waits,
 )
 from contextlog.worker.store.migrations import migrate
+from tests.support import properties
 from tests.support.blocks import conversation
 
 T0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
@@ -455,7 +456,9 @@ def test_both_write_paths_store_the_instant_an_event_names_in_any_offset(db: str
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=properties.examples(60),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(convo=conversation(True), blank=st.sampled_from(["", " ", "\n\t", "x"]))
 def test_the_mark_of_a_message_stored_before_014_is_the_one_ingest_gives(
@@ -475,7 +478,7 @@ def test_the_mark_of_a_message_stored_before_014_is_the_one_ingest_gives(
                 agent="a",
                 channel="c",
                 occurred_at=T0,
-                role=role,
+                role=role,  # type: ignore[arg-type]
                 content=content,
             )
             payload = codec.encode(event)

@@ -1,10 +1,15 @@
-"""README.md's Python snippets run as written, in order, against a live stack: ingest in a
-thread, the test's Postgres and Redis in DATABASE_URL / REDIS_URL (as `make attach` or the
-lines `make run` prints give them), and a local Messages API in ANTHROPIC_BASE_URL."""
+"""README.md's Python blocks run the way a reader runs them: each block as a script of its
+own, or, when its first line says it continues the block above, after that block (as
+pasted into the same file), with ingest running and the test's Postgres and Redis in
+DATABASE_URL / REDIS_URL (as `make attach` or the lines `make run` prints give them). With
+ANTHROPIC_API_KEY they talk to a local Messages API; without it, none ends in a traceback."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,10 +22,31 @@ from tests.support.fake_anthropic import FakeAPIServer
 from tests.support.running import running, settings_for
 
 README = Path(__file__).resolve().parents[2] / "README.md"
+CONTINUES = "# Continues the block above"
+NO_KEY = "ANTHROPIC_API_KEY is not set"
+GUARD = 'if "ANTHROPIC_API_KEY" in os.environ:'  # a block that asks Claude only with a key
 
 
 def python_blocks() -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", README.read_text(), re.S | re.M)
+
+
+def scripts() -> list[str]:
+    """Each block as a reader runs it: alone, or after the blocks it continues."""
+    out: list[str] = []
+    for block in python_blocks():
+        out.append(out[-1] + "\n" + block if block.startswith(CONTINUES) else block)
+    return out
+
+
+def test_every_block_runs_alone_or_says_it_continues_the_one_before() -> None:
+    blocks = python_blocks()
+    assert len(blocks) >= 4  # the bot, the producer, reading context, sessions
+    assert not blocks[0].startswith(CONTINUES)
+    for block in blocks:
+        if not block.startswith(CONTINUES):
+            assert "# Continues" not in block.lower(), block  # said where a reader sees it
+        compile(block, "README.md", "exec")
 
 
 @pytest.fixture
@@ -30,25 +56,65 @@ def api() -> Iterator[FakeAPIServer]:
     server.stop()
 
 
-def test_the_readme_snippets_run_as_written(
+def reader_env(db: str, redis_url: str, **extra: str) -> dict[str, str]:
+    """The reader's shell: their servers, and none of this test run's own settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CONTEXTLOG_"))}
+    return {**env, "DATABASE_URL": db, "REDIS_URL": redis_url, **extra}
+
+
+def run_scripts(env: dict[str, str], tmp_path: Path) -> list[str]:
+    """Run each script as `python block_N.py`; returns what each printed."""
+    printed = []
+    for i, text in enumerate(scripts(), 1):
+        path = tmp_path / f"block_{i}.py"
+        path.write_text(text)
+        done = subprocess.run(
+            [sys.executable, str(path)],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0 and "Traceback" not in done.stderr, (
+            f"README.md, python block {i}:\n{done.stdout}{done.stderr}"
+        )
+        printed.append(done.stdout)
+    return printed
+
+
+def test_each_block_runs_as_a_script_with_an_api_key(
+    db: str, redis_url: str, api: FakeAPIServer, tmp_path: Path
+) -> None:
+    env = reader_env(db, redis_url, ANTHROPIC_API_KEY="sk-test", ANTHROPIC_BASE_URL=api.url)
+    with running(settings_for(db, redis_url)):
+        printed = run_scripts(env, tmp_path)
+    assert not any(NO_KEY in out for out in printed)
+    assert api.requests_served >= 2  # reading the context back, the agent's turn
+
+
+def test_each_block_runs_as_a_script_without_an_api_key(
+    db: str, redis_url: str, api: FakeAPIServer, tmp_path: Path
+) -> None:
+    with running(settings_for(db, redis_url)):
+        printed = run_scripts(reader_env(db, redis_url), tmp_path)
+    guarded = [i for i, block in enumerate(python_blocks()) if GUARD in block]
+    assert len(guarded) >= 2 and all(NO_KEY in printed[i] for i in guarded)
+    assert api.requests_served == 0
+
+
+def test_the_bot_answers_a_redelivered_message_once(
     db: str, redis_url: str, api: FakeAPIServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    blocks = python_blocks()
-    assert len(blocks) >= 4  # the bot, the producer, reading context, sessions
-    for name, value in {
-        "DATABASE_URL": db,
-        "REDIS_URL": redis_url,
-        "CONTEXTLOG_SHARDS": "4",
-        "ANTHROPIC_API_KEY": "sk-test",
-        "ANTHROPIC_BASE_URL": api.url,
-    }.items():
+    """The 15-line bot of the first block: a platform that re-delivers a message gets the
+    same answer, and the conversation holds each message once."""
+    for name, value in reader_env(
+        db, redis_url, ANTHROPIC_API_KEY="sk-test", ANTHROPIC_BASE_URL=api.url
+    ).items():
         monkeypatch.setenv(name, value)
     ns: dict[str, Any] = {"__name__": "readme"}
     with running(settings_for(db, redis_url)):
-        for i, block in enumerate(blocks, 1):
-            exec(compile(block, f"README.md, python block {i}", "exec"), ns)
-        # The 15-line bot: a platform that re-delivers a message gets the same answer,
-        # and the conversation holds each message once.
+        exec(compile(python_blocks()[0], "README.md, python block 1", "exec"), ns)
         first = ns["on_message"]("general", "ada", "Hi, what did we decide?", "m-1")
         reply_id = str(derived_id("mybot", "m-1:reply"))
         ns["r"].context("mybot", "general", wait_for=reply_id)  # the reply has landed
@@ -65,6 +131,8 @@ def test_the_readme_snippets_run_as_written(
                 "mybot", "general", "user", "next", source="mybot", external_id="m-2"
             ),
         )
+        ns["r"].close()
+        ns["p"].close()
     assert [m["role"] for m in ctx.messages] == ["user", "assistant", "user"]
     with psycopg.connect(db) as conn:
         rows = conn.execute(

@@ -154,7 +154,9 @@ def test_summary_outcomes_land_as_events(
     assert len(stack.delays) == len(script) - 1  # backed off between tries, on the fake clock
 
 
-def test_without_an_api_key_the_local_summarizer_marks_its_summary(stack: Stack) -> None:
+def test_without_an_api_key_the_local_summarizer_marks_its_summary(
+    stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     stack.use(LocalSummarizer())
     stack.say("Plan the offsite.")
     stack.producer.save(A, C, source="test")
@@ -162,8 +164,19 @@ def test_without_an_api_key_the_local_summarizer_marks_its_summary(stack: Stack)
     stack.run_jobs()
     ready = stack.notice(nt.SUMMARY_READY)
     assert ready.local and "Plan the offsite." in (ready.text or "")
-    assert stack.reader.session(saved.session_id or "").summary_local
+    sid = saved.session_id or ""
+    assert stack.reader.session(sid).summary_local
     assert stack.api.requests == []
+    # Exported and imported elsewhere, it is still marked as the local summarizer's.
+    out = tmp_path / "s.json"
+    assert cli.main(["export", sid, "--agent", A, "--channel", C, "-o", str(out)]) == 0
+    assert json.loads(out.read_text())["summary_local"] is True
+    imported = ["import", str(out), "--agent", A, "--channel", "dm", "--source", "test"]
+    assert cli.main([*imported, "--wait", "0"]) == 0
+    stack.notice(nt.SESSION_IMPORTED)
+    copy = stack.reader.session(sid, agent=A, channel="dm")
+    assert (copy.summary, copy.summary_local) == (ready.text, True)
+    capsys.readouterr()
 
 
 def test_refusals_are_notified_and_change_nothing(stack: Stack) -> None:

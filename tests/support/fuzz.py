@@ -2,9 +2,12 @@
 events, each with what ingest must do with it.
 
 A `Raw` entry is XADDed as is (field `e`, or other fields) onto a shard stream, below the
-producer's checks. `must_reject` entries must be dead-lettered with a reason; the others
-(odd but perhaps acceptable: unknown extra fields, a deeply nested tool input) may be
-stored or dead-lettered, but must end up in exactly one place. Events that could be stored
+producer's checks. What ingest must do with it is what the product's own gate says
+(`codec.decode_fields`, the call ingest makes on every entry): refused entries
+(`must_reject`) must be dead-lettered with a reason, accepted ones stored once. The
+strategies only aim at shapes (garbage, a broken field, odd but perhaps valid); no second
+copy of the contract's rules decides an outcome, so a draw the contract happens to accept
+(a random text that parses as a date) cannot fail the run. Events that could be stored
 belong to agent `fuzz`, one conversation each, so they never touch the load's order.
 
 Add a shape: a strategy returning `Raw`, listed in `raw_entries()`.
@@ -19,11 +22,12 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from contextlog.schema import keys
+from contextlog.schema import codec, keys
+from contextlog.schema.errors import EventRejected
 
 FUZZ_AGENT = "fuzz"
 SHARDS = 4
-ENTRY_CAP = 256 * 1024  # codec.DEFAULT_MAX_ENTRY_BYTES
+ENTRY_CAP = codec.DEFAULT_MAX_ENTRY_BYTES  # the stacks' ingests run with the default
 EXTREME_DATES = (
     "9999-12-31T23:59:00Z",  # last activity + idle timeout overflows
     "9999-12-31T23:59:59.999999-14:00",  # after year 9999 once in UTC
@@ -35,13 +39,22 @@ REQUIRED = ("type", "event_id", "agent", "channel", "occurred_at", "role", "cont
 
 @dataclass(frozen=True)
 class Raw:
-    """One stream entry as XADDed, what it is, and whether it must be dead-lettered."""
+    """One stream entry as XADDed, what it is, and what the gate says of it."""
 
     label: str
     fields: dict[bytes, bytes]
-    must_reject: bool
+    must_reject: bool  # the gate refuses it: it must be dead-lettered
     shard: int
-    event_id: str | None = None  # set when the entry could be stored
+    event_id: str | None = None  # the gate accepts it: this event must be stored once
+
+    @classmethod
+    def judged(cls, label: str, fields: dict[bytes, bytes], shard: int) -> Raw:
+        """The entry with the outcome ingest's own gate gives it."""
+        try:
+            event = codec.decode_fields(fields, ENTRY_CAP)
+        except EventRejected:
+            return cls(label, fields, True, shard)
+        return cls(label, fields, False, shard, str(event.event_id))
 
     def __repr__(self) -> str:  # hypothesis prints failing examples: keep them readable
         e = self.fields.get(b"e", b"")
@@ -67,12 +80,11 @@ def message(event_id: str, channel: str, **overrides: Any) -> dict[str, Any]:
     return {**base, **overrides}
 
 
-def _entry(label: str, event: dict[str, Any], must_reject: bool, data: bytes | None = None) -> Raw:
+def _entry(label: str, event: dict[str, Any], data: bytes | None = None) -> Raw:
     """A Raw entry on the event's own shard (so a stored one keeps per-conversation order)."""
     shard = keys.shard_of(FUZZ_AGENT, str(event.get("channel", "")), SHARDS)
     payload = json.dumps(event).encode() if data is None else data
-    event_id = None if must_reject else str(event["event_id"])
-    return Raw(label, {b"e": payload}, must_reject, shard, event_id)
+    return Raw.judged(label, {b"e": payload}, shard)
 
 
 ids = st.builds(lambda: str(uuid.uuid4()))
@@ -90,14 +102,14 @@ json_values = st.recursive(
 def garbage(draw: st.DrawFn) -> Raw:
     """Bytes that are not JSON, or JSON that is not an event (no `type` a tag would match)."""
     data = draw(st.binary(max_size=200) | json_values.map(lambda v: json.dumps(v).encode()))
-    return Raw("garbage", {b"e": data}, True, draw(shards))
+    return Raw.judged("garbage", {b"e": data}, draw(shards))
 
 
 @st.composite
 def wrong_fields(draw: st.DrawFn) -> Raw:
     """No `e` field, an empty one, or fields whose names are not UTF-8."""
     fields = draw(st.sampled_from([{b"x": b"1"}, {b"e": b""}, {b"\xff\xfe": b"{}"}, {b"E": b"{}"}]))
-    return Raw("wrong fields", fields, True, draw(shards))
+    return Raw.judged("wrong fields", fields, draw(shards))
 
 
 @st.composite
@@ -122,7 +134,7 @@ def broken_message(draw: st.DrawFn) -> Raw:
         text = draw(st.text(max_size=20))
         at = draw(st.integers(0, len(text)))
         event["content"] = text[:at] + "\u0000" + text[at:]
-    return _entry(f"broken message ({how})", event, True)
+    return _entry(f"broken message ({how})", event)
 
 
 @st.composite
@@ -134,7 +146,7 @@ def invalid_utf8(draw: st.DrawFn) -> Raw:
     target = b'"PLACEHOLDER"' if field == "content" else json.dumps(event[field]).encode()
     bad = draw(st.sampled_from(INVALID_UTF8))
     data = text.replace(target, target[:-1] + bad + b'"', 1)
-    return _entry(f"invalid UTF-8 in {field}", event, True, data)
+    return _entry(f"invalid UTF-8 in {field}", event, data)
 
 
 @st.composite
@@ -144,11 +156,11 @@ def deep_nesting(draw: st.DrawFn) -> Raw:
     depth = draw(st.integers(500, 3000))
     if draw(st.booleans()):
         inner = "[" * depth + "]" * depth
-        return Raw(f"raw nesting {depth} deep", {b"e": inner.encode()}, True, draw(shards))
+        return Raw.judged(f"raw nesting {depth} deep", {b"e": inner.encode()}, draw(shards))
     event = message(draw(ids), draw(channels), role="assistant", content="PLACEHOLDER")
     block = '{"type":"tool_use","id":"t1","name":"deep","input":' + _nested(depth) + "}"
     data = json.dumps(event).encode().replace(b'"PLACEHOLDER"', f"[{block}]".encode())
-    return _entry(f"tool input nested {depth} deep", event, False, data)
+    return _entry(f"tool input nested {depth} deep", event, data)
 
 
 def _nested(depth: int) -> str:
@@ -160,7 +172,7 @@ def oversized(draw: st.DrawFn) -> Raw:
     """A message whose entry is over the size cap (or just under it: then it is valid)."""
     size = draw(st.sampled_from([ENTRY_CAP + 1, ENTRY_CAP * 2, ENTRY_CAP * 8]))
     event = message(draw(ids), draw(channels), content="x" * size)
-    return _entry(f"{size}-byte content", event, True)
+    return _entry(f"{size}-byte content", event)
 
 
 @st.composite
@@ -171,9 +183,9 @@ def odd_but_valid(draw: st.DrawFn) -> Raw:
     event[draw(st.text(min_size=1, max_size=10).filter(lambda k: k not in event))] = draw(
         json_values
     )
-    raw = _entry("unknown extra field", event, False)
+    raw = _entry("unknown extra field", event)
     if draw(st.booleans()):
-        return Raw("extra stream field", {**raw.fields, b"x": b"y"}, False, raw.shard, raw.event_id)
+        return Raw.judged("extra stream field", {**raw.fields, b"x": b"y"}, raw.shard)
     return raw
 
 
@@ -200,13 +212,13 @@ def known_poison() -> list[Raw]:
     deep_tool = ev(role="assistant", content="PLACEHOLDER")
     block = '{"type":"tool_use","id":"t1","name":"deep","input":' + _nested(990) + "}"
     return [
-        _entry("content 'caf\\xe9'", utf8, True,
+        _entry("content 'caf\\xe9'", utf8,
                json.dumps(utf8).encode().replace(b'"PLACEHOLDER"', b'"caf\xe9"')),
-        _entry("tool input nested 990 deep", deep_tool, False,
+        _entry("tool input nested 990 deep", deep_tool,
                json.dumps(deep_tool).encode().replace(b'"PLACEHOLDER"', f"[{block}]".encode())),
-        Raw("raw entry nested 2,000 deep", {b"e": b"[" * 2000 + b"]" * 2000}, True, 0),
-        Raw("raw object nested 2,000 deep", {b"e": _nested(2000).encode()}, True, 1),
-        *[_entry(f"occurred_at {d}", ev(occurred_at=d), True) for d in EXTREME_DATES],
-        _entry("NUL in content", ev(content="a\u0000b"), True),
-        _entry("oversized content", ev(content="x" * (ENTRY_CAP + 1)), True),
+        Raw.judged("raw entry nested 2,000 deep", {b"e": b"[" * 2000 + b"]" * 2000}, 0),
+        Raw.judged("raw object nested 2,000 deep", {b"e": _nested(2000).encode()}, 1),
+        *[_entry(f"occurred_at {d}", ev(occurred_at=d)) for d in EXTREME_DATES],
+        _entry("NUL in content", ev(content="a\u0000b")),
+        _entry("oversized content", ev(content="x" * (ENTRY_CAP + 1))),
     ]  # fmt: skip

@@ -34,6 +34,13 @@ def test_values_are_parsed() -> None:
     assert (s.consumer, s.log_format) == ("ingest-1", "console")
 
 
+@pytest.mark.parametrize(("raw", "value"), [("0", False), ("no", False), ("TRUE", True)])
+def test_logs_are_for_people_on_a_terminal_and_may_go_unstamped(raw: str, value: bool) -> None:
+    defaults = Settings.from_env({})
+    assert (defaults.log_format, defaults.log_timestamps) == ("auto", True)
+    assert Settings.from_env({"CONTEXTLOG_LOG_TIMESTAMPS": raw}).log_timestamps is value
+
+
 def test_readers_built_from_settings_use_the_replica() -> None:
     url = "postgresql://u@replica/db"
     env = {"CONTEXTLOG_REPLICA_URL": url, "CONTEXTLOG_REPLICA_MAX_LAG": "2"}
@@ -56,6 +63,13 @@ def test_readers_built_from_settings_use_the_replica() -> None:
         ("CONTEXTLOG_BATCH_BYTES", "0", "CONTEXTLOG_BATCH_BYTES must be between"),
         ("CONTEXTLOG_LEASE_SECONDS", "0.1", "CONTEXTLOG_LEASE_SECONDS must be between"),
         ("CONTEXTLOG_LOG_LEVEL", "loud", "CONTEXTLOG_LOG_LEVEL must be one of"),
+        ("REDIS_URL", "", "REDIS_URL is set but empty: give a URL, or unset it for the default"),
+        ("DATABASE_URL", " ", "DATABASE_URL is set but empty"),
+        ("CONTEXTLOG_QUEUE_REDIS_URL", "", "CONTEXTLOG_QUEUE_REDIS_URL is set but empty"),
+        ("CONTEXTLOG_IDLE_TIMEOUT", "soon", "CONTEXTLOG_IDLE_TIMEOUT is not a duration: 'soon'"),
+        ("CONTEXTLOG_ROLLING_WINDOW", "0", "CONTEXTLOG_ROLLING_WINDOW must be at least 1"),
+        ("CONTEXTLOG_LOG_FORMAT", "xml", "CONTEXTLOG_LOG_FORMAT must be one of auto, json"),
+        ("CONTEXTLOG_LOG_TIMESTAMPS", "maybe", "CONTEXTLOG_LOG_TIMESTAMPS must be 1 or 0"),
         ("CONTEXTLOG_SHARDS", "x", "CONTEXTLOG_SHARDS is not a whole number"),
         ("REDIS_URL", "redis://127.0.0.1:6379/99x", "REDIS_URL names database '99x'"),
         ("REDIS_URL", "redis://127.0.0.1:6379/1/2", "REDIS_URL names database '1/2'"),
@@ -116,3 +130,15 @@ def test_a_cluster_needs_its_own_queue_redis() -> None:
 def test_bad_cluster_urls_are_refused(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         Settings.from_env(env)
+
+
+@pytest.mark.parametrize(
+    ("raw", "seconds"), [("1800", 1800), ("30m", 1800), ("90s", 90), ("24h", 86400), ("0", 0)]
+)
+def test_durations_are_taken_as_the_cli_takes_them(raw: str, seconds: int) -> None:
+    """`CONTEXTLOG_IDLE_TIMEOUT=30m` as `send configure --idle-timeout 30m` takes it."""
+    window = raw if seconds else "1"  # a window of 0 is refused
+    s = Settings.from_env({"CONTEXTLOG_IDLE_TIMEOUT": raw, "CONTEXTLOG_ROLLING_WINDOW": window})
+    assert s.conversation.idle_timeout == seconds
+    if seconds:
+        assert s.conversation.rolling_window == seconds

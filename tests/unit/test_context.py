@@ -18,6 +18,7 @@ from contextlog.producers.context import (
     compaction_split,
     estimate_tokens,
 )
+from tests.support import properties
 from tests.support.anthropic_rules import check_messages
 from tests.support.appendonly import extends
 from tests.support.blocks import conversation, server_call, thinking
@@ -61,7 +62,7 @@ def _thinking(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [b for m in messages for b in m["content"] if b.get("type") in THINKING]
 
 
-@settings(max_examples=300)
+@settings(max_examples=properties.examples(300))
 @given(
     think=st.booleans(),
     data=st.data(),
@@ -96,7 +97,7 @@ def test_any_segment_of_any_history_is_valid_and_keeps_its_thinking_in_order(
     assert not any("cache_control" in b for m in ctx.messages for b in m["content"])
 
 
-@settings(max_examples=300)
+@settings(max_examples=properties.examples(300))
 @given(think=st.booleans(), data=st.data(), fold=st.booleans())
 def test_reads_of_a_growing_segment_only_ever_grow_at_their_end(
     think: bool, data: st.DataObject, fold: bool

@@ -243,6 +243,13 @@ def test_announcement_of_kept_servers() -> None:
 
 def test_busy_message_says_how_to_attach() -> None:
     text = devenv.busy_message(Path(".contextlog"), "4242")
-    assert "another devenv run (pid 4242) is using .contextlog/" in text
+    assert "another devenv run (pid 4242, e.g. `make run`) is using .contextlog/" in text
     assert "--attach -- CMD" in text
     assert "make attach" in text
+
+
+def test_busy_message_of_a_stop_says_to_end_the_run_first() -> None:
+    """`make clean` while `make run` is up: attaching is not what was wanted."""
+    text = devenv.busy_message(Path(".contextlog"), "4242", stopping=True)
+    assert "end it first (Ctrl-C in its terminal), then try again" in text
+    assert "attach" not in text

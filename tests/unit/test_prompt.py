@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contextlog.producers.context import Segment, StoredMessage, build_context
+from tests.support import properties
 from tests.support.anthropic_rules import check_messages, check_params
 from tests.support.blocks import conversation, thinking, use
 from tests.support.fake_anthropic import FakeAPI, client_for
@@ -87,7 +88,7 @@ def test_a_breakpoint_is_never_put_on_thinking() -> None:
     assert "cache_control" not in last[0] and "cache_control" in last[-1]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=properties.examples(200), deadline=None)
 @given(
     convo=conversation(True),
     budget=st.integers(30, 400),

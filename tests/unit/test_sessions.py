@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contextlog.producers.context import StoredMessage, build_context
+from contextlog.producers.history import SessionInfo, SessionMessage
+from contextlog.schema import events as ev
 from contextlog.schema.errors import Refused
 from contextlog.worker.store import archive, sessions
 from contextlog.worker.store.projection import rounds
@@ -44,7 +47,7 @@ def test_slug_rules(description: str, slug: str) -> None:
 def test_any_description_gives_a_safe_id(description: str) -> None:
     sid = sessions.session_id(AT, description, "first message", ())
     assert sessions.SESSION_ID.match(sid), sid
-    assert len(sid) <= 11 + 40
+    assert len(sid) <= len("2026-11-23_") + sessions.MAX_SLUG
     assert archive.safe_filename(sid) == f"{sid}.json"
 
 
@@ -170,3 +173,17 @@ def test_rounds_keep_each_conversations_order_and_end_at_its_commands() -> None:
     got = list(rounds(batch, lambda e: e[0].lower(), lambda e: e.endswith("!")))
     assert got == [["a1", "A!", "b1", "b2", "B!"], ["a2", "A!", "b3"]]
     assert list(rounds([], str, bool)) == []
+
+
+def test_an_export_leaves_a_failed_summary_out_and_marks_a_local_one() -> None:
+    """A failed summary's placeholder is no summary: the import asks for one again."""
+    info = SessionInfo(
+        "2026-11-22_plan", "a", "c", AT, None, "(summary generation failed)", 1, 3, False, "hi"
+    )
+    message = SessionMessage(1, "", AT, 3, "user", "hi")
+    failed = archive.document(replace(info, summary_failed=True), [message])
+    assert (failed.summary, failed.summary_local) == (None, False)
+    local = archive.document(replace(info, summary="Plans.", summary_local=True), [message])
+    assert (local.summary, local.summary_local) == ("Plans.", True)
+    [*_, session] = archive.events(local, "a", "dm", AT)
+    assert isinstance(session, ev.SessionImported) and session.summary_local

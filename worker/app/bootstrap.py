@@ -31,15 +31,14 @@ from contextlog.worker.effects.relay import Relay
 from contextlog.worker.ingest.loop import Ingest
 from contextlog.worker.ingest.streams import Streams
 from contextlog.worker.store.eventlog import EventLog, PostgresEventLog, bound_waits
-
-if TYPE_CHECKING:
-    from contextlog.worker.tasks.compaction import ApiCompactor
-from contextlog.worker.store.migrations import migrate
 from contextlog.worker.tasks import idle
 from contextlog.worker.tasks.queue import SUMMARIES, Jobs
 from contextlog.worker.tasks.rqworker import ContextlogWorker
 from contextlog.worker.tasks.sweeper import Heartbeat, Loop
 from contextlog.worker.tasks.timers import IDLE, Timers
+
+if TYPE_CHECKING:
+    from contextlog.worker.tasks.compaction import ApiCompactor
 
 PgConn = psycopg.Connection[TupleRow]
 
@@ -188,12 +187,6 @@ def resources() -> Resources:
         res = build_resources(Settings.from_env())
         install(res)
     return res
-
-
-def run_migrations(settings: Settings) -> list[str]:
-    """Bring the database schema up to date."""
-    with pg_connector(settings)() as conn:
-        return migrate(conn)
 
 
 def claim_shard_count(client: SyncClient, shards: int) -> None:

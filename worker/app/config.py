@@ -37,7 +37,9 @@ DEFAULT_SWEEP_SECONDS: Final = 300.0
 DEFAULT_DASHBOARD_BIND: Final = "127.0.0.1"
 DEFAULT_DASHBOARD_PORT: Final = 9181
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
-LOG_FORMATS: Final = ("json", "console")
+# `auto`: the console form when stderr is a terminal, JSON lines otherwise (files, pipes,
+# a log collector).
+LOG_FORMATS: Final = ("auto", "json", "console")
 
 T = TypeVar("T")
 
@@ -67,7 +69,10 @@ class Settings:
     backoff_max: float = DEFAULT_BACKOFF_MAX
     consumer: str = ""
     log_level: str = "info"
-    log_format: str = "json"
+    log_format: str = "auto"
+    # Console lines without a time of their own, for a supervisor that stamps each line
+    # (honcho under `make run`); JSON lines always carry theirs.
+    log_timestamps: bool = True
     conversation: ConversationDefaults = dataclasses.field(default_factory=ConversationDefaults)
     # Summaries: without an API key a local, deterministic summarizer is used.
     anthropic_api_key: str | None = dataclasses.field(default=None, repr=False)
@@ -85,6 +90,7 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Build settings from `env` (default: the process environment)."""
         env = os.environ if env is None else env
+        _refuse_empty_servers(env)
         r = _Reader(env)
         redis_url = r.get("REDIS_URL", DEFAULT_REDIS_URL, _redis_url)
         return cls(
@@ -118,7 +124,8 @@ class Settings:
             backoff_max=r.get("CONTEXTLOG_BACKOFF_MAX", DEFAULT_BACKOFF_MAX, _float_in(0.01, 600)),
             consumer=r.get("CONTEXTLOG_CONSUMER", default_consumer(), _name),
             log_level=r.get("CONTEXTLOG_LOG_LEVEL", "info", _choice(LOG_LEVELS)),
-            log_format=r.get("CONTEXTLOG_LOG_FORMAT", "json", _choice(LOG_FORMATS)),
+            log_format=r.get("CONTEXTLOG_LOG_FORMAT", "auto", _choice(LOG_FORMATS)),
+            log_timestamps=r.get("CONTEXTLOG_LOG_TIMESTAMPS", True, _flag),
             conversation=ConversationDefaults.from_env(env),
             anthropic_api_key=r.get("ANTHROPIC_API_KEY", None, _secret),
             anthropic_base_url=r.get("ANTHROPIC_BASE_URL", None, _http_url),
@@ -153,6 +160,23 @@ class Settings:
 def default_consumer() -> str:
     """A consumer name unique to this process: host and pid."""
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+# Variables whose default is a server: set but empty (`REDIS_URL=` in a shell or an .env
+# file) is a mistake to point out, not a quiet switch to the default server.
+_SERVER_VARIABLES: Final = {
+    "REDIS_URL": DEFAULT_REDIS_URL,
+    "DATABASE_URL": DEFAULT_DATABASE_URL,
+    "CONTEXTLOG_QUEUE_REDIS_URL": "REDIS_URL",
+}
+
+
+def _refuse_empty_servers(env: Mapping[str, str]) -> None:
+    for name, default in _SERVER_VARIABLES.items():
+        if name in env and not env[name].strip():
+            raise ConfigError(
+                f"{name} is set but empty: give a URL, or unset it for the default ({default})"
+            )
 
 
 class _Reader:
@@ -265,6 +289,16 @@ def _choice(options: tuple[str, ...]) -> Callable[[str, str], str]:
         return raw.lower()
 
     return parse
+
+
+_FLAGS: Final = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+
+
+def _flag(name: str, raw: str) -> bool:
+    value = _FLAGS.get(raw.lower())
+    if value is None:
+        raise ConfigError(f"{name} must be 1 or 0 (true/false, yes/no): {raw!r}")
+    return value
 
 
 def _name(name: str, raw: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Final
 
 import structlog
 
@@ -13,18 +14,34 @@ _LEVELS = {
     "warning": logging.WARNING,
     "error": logging.ERROR,
 }
+# Lines libraries repeat on a timer and that say nothing new (RQ's maintenance every 15 s,
+# three lines each time): logged at debug. (logger, start of the message format)
+ROUTINE: Final = (("rq.worker", "Worker %s: cleaning "),)
 
 
-def configure(level: str = "info", fmt: str = "json") -> None:
-    """Set up structlog once per process; never logs message content at info level."""
+def console_form(fmt: str) -> bool:
+    """Whether `fmt` (auto, json, console) means the console form on this stderr."""
+    return fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
+
+
+def configure(level: str = "info", fmt: str = "auto", timestamps: bool = True) -> None:
+    """Set up structlog once per process; never logs message content at info level.
+
+    Colours only on a terminal: a console-form log redirected to a file stays plain."""
+    console = console_form(fmt)
     renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer()
+        structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        if console
+        else structlog.processors.JSONRenderer()
+    )
+    stamp: list[structlog.typing.Processor] = (
+        [structlog.processors.TimeStamper(fmt="iso", utc=True)] if timestamps or not console else []
     )
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            *stamp,
             structlog.processors.format_exc_info,
             renderer,
         ],
@@ -33,7 +50,7 @@ def configure(level: str = "info", fmt: str = "json") -> None:
         logger_factory=lambda *args: structlog.PrintLogger(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
-    _route_stdlib(level, renderer)
+    _route_stdlib(level, renderer, stamp)
 
 
 class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
@@ -46,20 +63,39 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
         super().emit(record)
 
 
-def _route_stdlib(level: str, renderer: structlog.typing.Processor) -> None:
+class _Routine(logging.Filter):
+    """Moves the ROUTINE lines down to debug (and out, unless the level is debug)."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not any(
+            record.name == name and str(record.msg).startswith(start) for name, start in ROUTINE
+        ):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return self.level <= logging.DEBUG
+
+
+def _route_stdlib(
+    level: str, renderer: structlog.typing.Processor, stamp: list[structlog.typing.Processor]
+) -> None:
     """Libraries' logs (RQ's worker and scheduler, psycopg_pool) in the same format: a
     root handler also stops RQ from installing its own plain-text one."""
     root = logging.getLogger()
     for h in [h for h in root.handlers if h.name == _Stderr.name]:
         root.removeHandler(h)
     handler = _Stderr()
+    handler.addFilter(_Routine(_LEVELS[level]))
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             processor=renderer,
             foreign_pre_chain=[
                 structlog.stdlib.add_logger_name,
                 structlog.processors.add_log_level,
-                structlog.processors.TimeStamper(fmt="iso", utc=True),
+                *stamp,
             ],
         )
     )

@@ -15,6 +15,7 @@ from contextlog.producers import ContextReader, Producer, connection
 from contextlog.producers.connection import SyncClient
 from contextlog.schema.errors import Unavailable
 from contextlog.worker.app.config import Settings
+from contextlog.worker.store.migrations import migrate
 
 EXIT_UNHEALTHY: Final = 1
 EXIT_ERROR: Final = 2  # bad input, bad configuration, a refused request
@@ -22,6 +23,10 @@ EXIT_UNAVAILABLE: Final = 3  # Postgres or Redis cannot be reached
 # libpq's smallest connect_timeout. A command run by hand (or by a health check) should
 # say a server is down in a moment, not after the pool's 10 s wait.
 CONNECT_TIMEOUT_S: Final = 2
+# How long a command waits for one Redis reply: a Redis that takes connections but never
+# answers (a stalled host, a full disk under AOF fsync) fails the command in ~2 s too. No
+# command of the CLI blocks longer in Redis (`notifications --follow` reads with 1 s).
+REPLY_TIMEOUT_S: Final = 2
 
 # Markup, emoji codes and highlighting off: names, messages and dead letters are user
 # data and must print as they are ("[/x]" once crashed `dead-letters`). Styles are given
@@ -51,6 +56,43 @@ def non_negative(text: str) -> int:
     return _whole(text, 0)
 
 
+MAX_WAIT_S: Final = 600
+
+
+def wait_seconds(text: str) -> float:
+    """An argument that is a number of seconds to wait, 0 to MAX_WAIT_S."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value <= MAX_WAIT_S:
+        raise argparse.ArgumentTypeError(f"must be 0 to {MAX_WAIT_S} seconds, not {text}")
+    return value
+
+
+def add_conversation(p: argparse.ArgumentParser) -> None:
+    """The conversation a command is about: AGENT CHANNEL."""
+    p.add_argument("agent", help="the bot (agent) of the conversation")
+    p.add_argument("channel", help="the channel of the conversation")
+
+
+def add_json(p: argparse.ArgumentParser) -> None:
+    """`--json`: the data as JSON instead of text for people."""
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def add_wait(p: argparse.ArgumentParser) -> None:
+    """`--wait SECONDS` for ingest's answer to a command (session commands, import)."""
+    p.add_argument(
+        "--wait",
+        type=wait_seconds,
+        default=5.0,
+        metavar="SECONDS",
+        help="wait this long for ingest's answer (done or refused, which exits 2); "
+        "0: do not wait (default 5)",
+    )
+
+
 def _whole(text: str, least: int) -> int:
     try:
         value = int(text)
@@ -62,17 +104,21 @@ def _whole(text: str, least: int) -> int:
 
 
 def redis_client(settings: Settings) -> SyncClient:
-    """A client for `REDIS_URL` (a Redis or a Redis Cluster) that gives up connecting
-    after a couple of seconds."""
+    """A client for `REDIS_URL` (a Redis or a Redis Cluster) that gives up connecting, or
+    waiting for a reply, after a couple of seconds."""
     return connection.connect(
-        settings.redis_url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=30
+        settings.redis_url,
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
+        socket_timeout=REPLY_TIMEOUT_S,
     )
 
 
 def queue_client(settings: Settings) -> redis.Redis:
     """A client for the queue Redis (`CONTEXTLOG_QUEUE_REDIS_URL`, default REDIS_URL)."""
     return redis.Redis.from_url(
-        settings.queue_redis_url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=30
+        settings.queue_redis_url,
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
+        socket_timeout=REPLY_TIMEOUT_S,
     )
 
 
@@ -93,6 +139,12 @@ def pg_connect(settings: Settings) -> psycopg.Connection[TupleRow]:
         raise Unavailable(f"cannot reach Postgres (DATABASE_URL): {one_line(e)}") from e
 
 
+def migrated(settings: Settings) -> list[str]:
+    """Apply pending migrations (the names applied), failing fast like `pg_connect`."""
+    with pg_connect(settings) as conn:
+        return migrate(conn)
+
+
 def reader(settings: Settings) -> ContextReader:
     """A context reader, after checking Postgres answers: the reader's pool would retry
     for 10 s and log every attempt before giving up."""
@@ -100,9 +152,23 @@ def reader(settings: Settings) -> ContextReader:
     return ContextReader.from_url(settings.database_url, **settings.reader_options())
 
 
-def check_redis(client: SyncClient) -> None:
+def check_redis(client: SyncClient, variable: str = "REDIS_URL") -> None:
     """Fail at once (as `Unavailable`) when Redis cannot be reached."""
     try:
         client.ping()
     except (redis.ConnectionError, redis.TimeoutError) as e:
-        raise Unavailable(f"cannot reach Redis (REDIS_URL): {one_line(e)}") from e
+        raise Unavailable(f"cannot reach Redis ({variable}): {one_line(e)}") from e
+
+
+def check_servers(settings: Settings, *, queue: bool = False) -> None:
+    """Before a long-running process starts: Postgres (migrated) and Redis answer, or it
+    exits in ~2 s with one line; its own clients then ride out later outages."""
+    migrated(settings)
+    clients: list[tuple[SyncClient, str]] = [(redis_client(settings), "REDIS_URL")]
+    if queue and settings.queue_redis_url != settings.redis_url:
+        clients.append((queue_client(settings), "CONTEXTLOG_QUEUE_REDIS_URL"))
+    for client, variable in clients:
+        try:
+            check_redis(client, variable)
+        finally:
+            client.close()

@@ -21,11 +21,12 @@ from rich.table import Table
 from rich.text import Text
 
 from contextlog.producers.commands import parse_duration
-from contextlog.schema import codec
+from contextlog.schema import codec, keys
 from contextlog.schema.errors import ContextlogError, EventRejected, Unavailable
 from contextlog.worker.app import bootstrap, logs, metrics
 from contextlog.worker.app.clock import SystemClock
 from contextlog.worker.app.config import Settings
+from contextlog.worker.cli import answers
 from contextlog.worker.cli import common as cli_common
 from contextlog.worker.cli import sessions as cli_sessions
 from contextlog.worker.cli.common import (
@@ -50,16 +51,14 @@ __all__ = ["EXIT_ERROR", "EXIT_UNAVAILABLE", "EXIT_UNHEALTHY", "main", "parser"]
 
 def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
     """Apply pending migrations."""
-    with cli_common.pg_connect(settings) as conn:
-        applied = migrate(conn)
+    applied = cli_common.migrated(settings)
     print("applied: " + ", ".join(applied) if applied else "database schema is up to date")
     return 0
 
 
 def cmd_ingest(settings: Settings, args: argparse.Namespace) -> int:
     """Run the ingest loop until SIGTERM or SIGINT."""
-    with cli_common.pg_connect(settings) as conn:
-        migrate(conn)
+    cli_common.check_servers(settings)
     metrics.serve(args.metrics_port, args.metrics_bind)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -72,6 +71,7 @@ def cmd_ingest(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
     """Print per-shard lag, pending work, dead letters and events stored."""
     client = cli_common.redis_client(settings)
+    keys.check_shards(client.get(keys.SHARDS_KEY), settings.shards)  # else: other streams
     with cli_common.pg_connect(settings) as conn:
         queue = cli_common.queue_client(settings)
         status = gather(client, conn, settings.shards, SystemClock().now(), queue)
@@ -130,14 +130,25 @@ def _print_status(status: Status) -> None:
         console.print(Text.assemble(("unhealthy:", "red"), " ", p))
 
 
+# Commands whose outcome ingest publishes as a notice (done, or refused with a reason).
+ANSWERED = frozenset({"save", "restore", "delete-session", "purge-sessions"})
+
+
 def cmd_send(settings: Settings, args: argparse.Namespace) -> int:
-    """Push one message or command, as an adapter would; prints the event id."""
+    """Push one message or command, as an adapter would; prints the event id, and for a
+    session command waits (--wait) for ingest's answer: a refusal exits 2."""
     producer = cli_common.producer(settings)
     try:
-        print(_send(producer, args))
+        waits = args.verb in ANSWERED and args.wait > 0
+        after = answers.stream_end(producer.redis, args.source) if waits else ""
+        eid = _send(producer, args)
+        print(eid, flush=True)
+        if not waits:
+            return 0
+        notice = answers.answer(producer.redis, args.source, after, eid, args.wait)
     finally:
         producer.close()
-    return 0
+    return answers.report(notice, args.verb, args.wait)
 
 
 def _send(producer: Any, args: argparse.Namespace) -> str:
@@ -190,6 +201,7 @@ def _blocks(text: str) -> Any:
 def cmd_dead_letters(settings: Settings, args: argparse.Namespace) -> int:
     """List dead letters, newest first, with their reasons."""
     client: Any = cli_common.redis_client(settings)  # replies are bytes
+    keys.check_shards(client.get(keys.SHARDS_KEY), settings.shards)
     rows = deadletters.newest(client, settings.shards, args.limit)
     items = [_dead_letter(entry_id, fields) for entry_id, fields in rows]
     if args.json:
@@ -271,8 +283,7 @@ def _block_text(block: dict[str, Any]) -> str:
 
 def cmd_rebuild(settings: Settings, args: argparse.Namespace) -> int:
     """Truncate the projections and replay the log, with a progress bar."""
-    with cli_common.pg_connect(settings) as conn:
-        migrate(conn)
+    cli_common.migrated(settings)
     with cli_common.pg_connect(settings) as conn, Progress(console=console) as bar:
         task = bar.add_task("replaying events", total=None)
         done = rebuild(
@@ -327,34 +338,41 @@ def _send_parser(sub: Any) -> None:
     send = sub.add_parser("send", help="push a message or a command from the shell")
     verbs = send.add_subparsers(dest="verb", required=True)
 
-    def verb(name: str, help: str, *extra: str) -> argparse.ArgumentParser:
+    def verb(name: str, help: str, *extra: tuple[str, str]) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = verbs.add_parser(name, help=help)
-        p.add_argument("agent")
-        p.add_argument("channel")
-        for arg in extra:
-            p.add_argument(arg)
-        p.add_argument("--thread")
-        p.add_argument("--sender")
+        cli_common.add_conversation(p)
+        for arg, what in extra:
+            p.add_argument(arg, help=what)
+        p.add_argument("--thread", help="the thread inside the conversation (default: none)")
+        p.add_argument("--sender", help="who sent it, as the platform names them")
         p.add_argument("--source", default="cli", help="adapter that gets the notifications")
         return p
 
-    m = verb("message", "post a message", "text")
-    m.add_argument("--role", choices=("user", "assistant"), default="user")
-    m.add_argument("--external-id")
+    m = verb("message", "post a message", ("text", "the message (or --blocks JSON)"))
+    m.add_argument("--role", choices=("user", "assistant"), default="user", help="who speaks")
+    m.add_argument("--external-id", help="the platform's message id: a re-send is stored once")
     m.add_argument("--blocks", action="store_true", help="TEXT is a JSON list of content blocks")
     verb("clear", "/context clear")
-    described = verb("save", "/context save [description]").add_mutually_exclusive_group()
-    described.add_argument("description", nargs="?")
-    described.add_argument("--description", dest="description_option", metavar="TEXT")
-    verb("restore", "/context restore", "session_id")
-    verb("delete-session", "delete one saved session", "session_id")
-    verb("purge-sessions", "keep only the newest N sessions").add_argument(
-        "--keep", type=non_negative, required=True
+    save = verb("save", "/context save [description]")
+    described = save.add_mutually_exclusive_group()
+    described.add_argument("description", nargs="?", help="what the session was about")
+    described.add_argument(
+        "--description", dest="description_option", metavar="TEXT", help="the same, as an option"
     )
+    purge = verb("purge-sessions", "keep only the newest N sessions")
+    purge.add_argument("--keep", type=non_negative, required=True, help="sessions to keep (N)")
+    session = ("session_id", "a saved session's id (`contextlog sessions`), or `last`")
+    for answered in (
+        save,
+        verb("restore", "/context restore", session),
+        verb("delete-session", "delete one saved session", session),
+        purge,
+    ):
+        cli_common.add_wait(answered)
     c = verb("configure", "change conversation settings")
-    c.add_argument("--rolling-window", type=_duration)
-    c.add_argument("--idle-timeout", type=_duration)
-    c.add_argument("--token-budget", type=positive)
+    c.add_argument("--rolling-window", type=_duration, help="history kept in context (e.g. 24h)")
+    c.add_argument("--idle-timeout", type=_duration, help="silence before an auto-save (30m; 0)")
+    c.add_argument("--token-budget", type=positive, help="tokens a context may hold (e.g. 16000)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -365,16 +383,15 @@ def parser() -> argparse.ArgumentParser:
     ingest = sub.add_parser("ingest", help="move events from the Redis streams into Postgres")
     add_metrics_options(ingest)
     st = sub.add_parser("status", help="lag, pending work, dead letters, events stored")
-    st.add_argument("--json", action="store_true")
+    cli_common.add_json(st)
     _send_parser(sub)
     dl = sub.add_parser("dead-letters", help="list rejected entries with their reasons")
-    dl.add_argument("--limit", type=positive, default=20)
-    dl.add_argument("--json", action="store_true")
+    dl.add_argument("--limit", type=positive, default=20, help="how many, newest first (20)")
+    cli_common.add_json(dl)
     ctx = sub.add_parser("context", help="show the context of a conversation")
-    ctx.add_argument("agent")
-    ctx.add_argument("channel")
-    ctx.add_argument("--thread")
-    ctx.add_argument("--json", action="store_true")
+    cli_common.add_conversation(ctx)
+    ctx.add_argument("--thread", help="the thread inside the conversation (default: none)")
+    cli_common.add_json(ctx)
     sub.add_parser("rebuild", help="rebuild the projections by replaying the log")
     sub.add_parser("demo", help="run a short scripted conversation end to end")
     ret = sub.add_parser("retire", help="archive, then drop, conversations silent for long")
@@ -409,7 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else EXIT_ERROR
     try:
         settings = Settings.from_env()
-        logs.configure(settings.log_level, settings.log_format)
+        logs.configure(settings.log_level, settings.log_format, settings.log_timestamps)
         return COMMANDS[args.command](settings, args)
     except KeyboardInterrupt:
         return 130

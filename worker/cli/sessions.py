@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import os
 import threading
 from pathlib import Path
 from typing import Any
 
 import msgspec
-from rich.table import Table
+from rich.text import Text
 
+from contextlog.producers.history import SessionInfo
 from contextlog.producers.notifications import Notifications
-from contextlog.schema.errors import ConfigError
 from contextlog.schema.notices import Notice
 from contextlog.worker.app import bootstrap, metrics
 from contextlog.worker.app.clock import SystemClock
 from contextlog.worker.app.config import Settings
+from contextlog.worker.cli import answers, dashboard
 from contextlog.worker.cli import common as cli_common
 from contextlog.worker.cli.common import console, positive
 from contextlog.worker.store import archive
@@ -33,27 +33,36 @@ def cmd_sessions(settings: Settings, args: argparse.Namespace) -> int:
         print(msgspec.json.encode(page.sessions).decode())
         return 0
     where = f"{args.agent}/{args.channel}" if args.channel else args.agent
-    table = Table(title=f"sessions of {where}, page {page.page} of {page.pages}")
-    # Without --channel the list spans channels: show each one, as export needs it.
-    columns = ["id", "saved", "messages", "auto", "description", "summary"]
-    if not args.channel:
-        columns.insert(1, "channel")
-    for col in columns:
-        table.add_column(col, overflow="fold")
-    for s in page:
-        cells = [
-            s.session_id,
-            f"{s.created_at:%Y-%m-%d %H:%M}",
-            str(s.message_count),
-            "auto" if s.auto else "",
-            s.description or s.preview,
-            "(pending)" if s.summary is None else s.summary,
-        ]
-        if not args.channel:
-            cells.insert(1, s.channel)
-        table.add_row(*cells)
-    console.print(table)
+    console.print(
+        f"sessions of {where}, page {page.page} of {page.pages} ({page.total} saved)"
+        + (f"; the next: --page {page.page + 1}" if page.page < page.pages else "")
+    )
+    for line, about in session_lines(list(page), with_channel=not args.channel):
+        # The first line whole (an id to copy for restore/export), the second cut to the
+        # width: the whole summary is in `--json`.
+        console.print(line, no_wrap=True, overflow="ignore", crop=False)
+        console.print(about, no_wrap=True, overflow="ellipsis")
     return 0
+
+
+def session_lines(sessions: list[SessionInfo], *, with_channel: bool) -> list[tuple[Text, Text]]:
+    """Two lines a session: its id (and channel, across channels), when, how many messages,
+    auto; then its description or first message, and its summary."""
+    width = max((len(s.session_id) for s in sessions), default=0)
+    lines = []
+    for s in sessions:
+        head = Text(s.session_id.ljust(width), style="bold")
+        if with_channel:
+            head.append(f"  {s.channel}")
+        msgs = "msg" if s.message_count == 1 else "msgs"
+        head.append(f"  {s.created_at:%Y-%m-%d %H:%M}  {s.message_count} {msgs}")
+        if s.auto:
+            head.append("  auto")
+        summary = "(summary pending)" if s.summary is None else s.summary
+        about = Text(f"    {' '.join((s.description or s.preview).split())}: ")
+        about.append(" ".join(summary.split()), style="dim")
+        lines.append((head, about))
+    return lines
 
 
 def cmd_export(settings: Settings, args: argparse.Namespace) -> int:
@@ -66,22 +75,32 @@ def cmd_export(settings: Settings, args: argparse.Namespace) -> int:
         reader.close()
     output = Path(args.output) if args.output else None
     path = archive.write(
-        archive.document(info, messages), archive.target(Path.cwd(), info.session_id, output)
+        archive.document(info, messages),
+        archive.target(Path.cwd(), info.session_id, output),
+        overwrite=args.force,
     )
     print(path)
     return 0
 
 
 def cmd_import(settings: Settings, args: argparse.Namespace) -> int:
-    """Validate an export file and create a session from it in a conversation."""
+    """Validate an export file and create a session from it in a conversation; says
+    which session it became (ingest keeps the exported id where it is free)."""
     doc = archive.read(Path(args.file))
     producer = cli_common.producer(settings)
     try:
         evts = archive.events(doc, args.agent, args.channel, SystemClock().now(), args.source)
-        print(archive.push(producer, evts))
+        after = answers.stream_end(producer.redis, args.source)
+        eid = archive.push(producer, evts)
+        print(
+            f"sent session {doc.session_id} ({len(doc.messages)} messages) to "
+            f"{args.agent}/{args.channel} as event {eid}",
+            flush=True,
+        )
+        notice = answers.answer(producer.redis, args.source, after, eid, args.wait)
     finally:
         producer.close()
-    return 0
+    return answers.report(notice, "import", args.wait)
 
 
 def _notice_line(n: Notice) -> str:
@@ -115,7 +134,7 @@ def cmd_notifications(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     """Run an RQ worker on the `summaries` and `idle` queues (with RQ's scheduler)."""
-    bootstrap.run_migrations(settings)
+    cli_common.check_servers(settings, queue=True)
     metrics.serve(args.metrics_port, args.metrics_bind)
     w = bootstrap.build_worker(settings)
     stop = threading.Event()
@@ -128,43 +147,6 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     finally:
         stop.set()
         sweeper.join(timeout=5)  # it clears its heartbeat on a clean stop
-    return 0
-
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-def dashboard_argv(settings: Settings) -> list[str]:
-    """rq-dashboard's arguments: bound to loopback unless told otherwise, and never
-    exposed beyond it without basic auth. Credentials go by environment, not argv."""
-    exposed = settings.dashboard_bind not in LOOPBACK
-    if exposed and not (settings.dashboard_user and settings.dashboard_password):
-        raise ConfigError(
-            f"CONTEXTLOG_DASHBOARD_BIND={settings.dashboard_bind} exposes the dashboard: set "
-            "CONTEXTLOG_DASHBOARD_USER and CONTEXTLOG_DASHBOARD_PASSWORD for basic auth"
-        )
-    return [
-        "--bind",
-        settings.dashboard_bind,
-        "--port",
-        str(settings.dashboard_port),
-        "--redis-url",
-        settings.queue_redis_url,
-    ]
-
-
-def cmd_dashboard(settings: Settings, args: argparse.Namespace) -> int:
-    """Run rq-dashboard on the queue Redis (queues `idle` and `summaries`)."""
-    import rq_dashboard.cli  # type: ignore[import-untyped]  # no stubs
-
-    if settings.dashboard_user and settings.dashboard_password:
-        os.environ["RQ_DASHBOARD_USERNAME"] = settings.dashboard_user
-        os.environ["RQ_DASHBOARD_PASSWORD"] = settings.dashboard_password
-    rq_dashboard.cli.run(
-        args=dashboard_argv(settings),
-        prog_name="contextlog dashboard",
-        auto_envvar_prefix="RQ_DASHBOARD",
-    )
     return 0
 
 
@@ -184,33 +166,35 @@ def add_metrics_options(p: argparse.ArgumentParser) -> None:
 def add_parsers(sub: Any) -> None:
     """The session, notification and worker subcommands."""
     s = sub.add_parser("sessions", help="list saved sessions, newest first")
-    s.add_argument("agent")
-    s.add_argument("--channel")
-    s.add_argument("--page", type=positive, default=1)
-    s.add_argument("--json", action="store_true")
+    s.add_argument("agent", help="the bot (agent) whose sessions to list")
+    s.add_argument("--channel", help="only this channel's (default: every channel)")
+    s.add_argument("--page", type=positive, default=1, help="page N, ten a page (1: newest)")
+    cli_common.add_json(s)
     e = sub.add_parser(
         "export",
         help="write a saved session as a JSON file",
         description="A session id is unique only within its conversation (agent and "
         "channel): name both; `contextlog sessions AGENT` lists them.",
     )
-    e.add_argument("session_id")
+    e.add_argument("session_id", help="the session's id (`contextlog sessions AGENT`)")
     e.add_argument("--agent", required=True, help="the conversation's agent")
     e.add_argument("--channel", required=True, help="the conversation's channel")
     e.add_argument("-o", "--output", help="file to write (default: <id>.json here)")
+    e.add_argument("--force", action="store_true", help="overwrite the file if it exists")
     i = sub.add_parser("import", help="create a session from an exported JSON file")
-    i.add_argument("file")
-    i.add_argument("--agent", required=True)
-    i.add_argument("--channel", required=True)
+    i.add_argument("file", help="a file `contextlog export` wrote")
+    i.add_argument("--agent", required=True, help="the agent of the conversation to import into")
+    i.add_argument("--channel", required=True, help="its channel")
     i.add_argument("--source", default="cli", help="adapter told when it is done")
+    cli_common.add_wait(i)
     n = sub.add_parser("notifications", help="print an adapter's notifications")
-    n.add_argument("source", nargs="?", default="cli")
-    n.add_argument("--group", default="cli")
-    n.add_argument("--follow", "-f", action="store_true")
-    n.add_argument("--json", action="store_true")
+    n.add_argument("source", nargs="?", default="cli", help="the adapter's name (default: cli)")
+    n.add_argument("--group", default="cli", help="consumer group that acknowledges them (cli)")
+    n.add_argument("--follow", "-f", action="store_true", help="keep printing new ones")
+    cli_common.add_json(n)
     c = sub.add_parser("chat", help="chat in the terminal, with memory")
-    c.add_argument("agent")
-    c.add_argument("--channel", default="terminal")
+    c.add_argument("agent", help="the bot (agent) to chat as")
+    c.add_argument("--channel", default="terminal", help="the channel (default: terminal)")
     sub.add_parser("dashboard", help="run rq-dashboard (127.0.0.1:9181 unless configured)")
     w = sub.add_parser("worker", help="run jobs: summaries, compaction, idle saves")
     w.add_argument("--burst", action="store_true", help="exit when the queues are empty")
@@ -223,6 +207,6 @@ COMMANDS = {
     "import": cmd_import,
     "notifications": cmd_notifications,
     "worker": cmd_worker,
-    "dashboard": cmd_dashboard,
+    "dashboard": dashboard.cmd_dashboard,
     "chat": cmd_chat,
 }

@@ -8,17 +8,24 @@ producer; notifications (saves, summaries, refusals) are printed as they arrive.
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any, TextIO
 
+import anthropic
+from psycopg.rows import dict_row
+
 from contextlog.producers import ContextReader, Producer
 from contextlog.producers.commands import parse_duration
 from contextlog.producers.context import Context
 from contextlog.producers.notifications import Notifications
-from contextlog.schema.errors import ContextlogError
+from contextlog.schema.defaults import ConversationDefaults
+from contextlog.schema.errors import ContextlogError, ModelFailed
 from contextlog.schema.notices import Notice
+from contextlog.schema.queries import query
 from contextlog.worker.app.config import Settings
 from contextlog.worker.cli import common as cli_common
 
@@ -28,6 +35,7 @@ HELP = """commands:
   /context clear                    start afresh (the log keeps everything)
   /context history [page]           saved sessions, newest first
   /context restore <id|last>        bring a saved session back
+  /context settings                 this conversation's settings
   /context settings idle=10m window=24h budget=16000
   /quit"""
 _SETTINGS = {"idle": "idle_timeout", "window": "rolling_window", "budget": "token_budget"}
@@ -50,23 +58,50 @@ def context_tag(ctx: Context) -> str:
 SYSTEM_PROMPT = "You are a helpful assistant talking with someone in a terminal."
 
 
-def claude_model(settings: Settings) -> Reply:
-    """Replies from the Messages API with the conversation's context."""
-    import anthropic
-
-    client = anthropic.Anthropic(
-        api_key=settings.anthropic_api_key, base_url=settings.anthropic_base_url
+def claude_client(settings: Settings) -> anthropic.Anthropic:
+    """The Messages API client of a chat: each request bounded by
+    CONTEXTLOG_SUMMARY_TIMEOUT, with the SDK's own retries (429, 5xx, network) first."""
+    return anthropic.Anthropic(
+        api_key=settings.anthropic_api_key,
+        base_url=settings.anthropic_base_url,
+        timeout=settings.summary_timeout,
     )
 
+
+def claude_model(client: anthropic.Anthropic, model: str) -> Reply:
+    """Replies from the Messages API with the conversation's context; a failed request
+    is `ModelFailed`, which the chat shows in one line and survives."""
+
     def reply(ctx: Context, text: str) -> str:
-        answer = client.messages.create(
-            model=settings.summary_model,
-            max_tokens=1024,
-            **ctx.to_anthropic(system=SYSTEM_PROMPT, cache=True),
-        )
-        return "".join(b.text for b in answer.content if getattr(b, "type", "") == "text")
+        try:
+            answer = client.messages.create(
+                model=model, max_tokens=1024, **ctx.to_anthropic(system=SYSTEM_PROMPT, cache=True)
+            )
+        except anthropic.AnthropicError as e:
+            raise ModelFailed(api_failure(e)) from e
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            # The SDK lets a body that does not parse escape as the bare decode error.
+            raise ModelFailed(f"the Anthropic API sent an answer that is not JSON ({e})") from e
+        content = getattr(answer, "content", None) or []
+        return "".join(b.text for b in content if getattr(b, "type", "") == "text")
 
     return reply
+
+
+def api_failure(error: anthropic.AnthropicError) -> str:
+    """What went wrong with a request, for a person, on one line."""
+    if isinstance(error, anthropic.APITimeoutError):
+        return "the Anthropic API did not answer in time (CONTEXTLOG_SUMMARY_TIMEOUT)"
+    if isinstance(error, anthropic.APIConnectionError):
+        return f"cannot reach the Anthropic API: {cli_common.one_line(error)}"
+    if isinstance(error, anthropic.RateLimitError):
+        return "the Anthropic API is rate limiting this key (HTTP 429)"
+    if isinstance(error, anthropic.AuthenticationError):
+        return "the Anthropic API refused ANTHROPIC_API_KEY (HTTP 401)"
+    if isinstance(error, anthropic.APIStatusError):
+        said = cli_common.one_line(_api_message(error.body) or error.message)[:200]
+        return f"the Anthropic API answered HTTP {error.status_code}: {said}"
+    return f"the Anthropic API request failed: {cli_common.one_line(error)[:200]}"
 
 
 def describe(n: Notice) -> str:
@@ -77,6 +112,10 @@ def describe(n: Notice) -> str:
     if n.kind == "command_refused":
         return f"* refused: {n.text}"
     return f"* {n.text or n.kind}"
+
+
+PROMPT = "you> "
+_ERASE_LINE = "\r\x1b[K"  # back to the line's start, erase it (a terminal's control codes)
 
 
 class Chat:
@@ -91,36 +130,54 @@ class Chat:
         channel: str,
         reply: Reply,
         out: TextIO = sys.stdout,
+        defaults: ConversationDefaults | None = None,
     ) -> None:
         self.producer, self.reader, self.notes = producer, reader, notes
         self.agent, self.channel = agent, channel
         self.reply = reply
         self.out = out
+        self.defaults = defaults or ConversationDefaults()
         self._print_lock = threading.Lock()
+        self._prompting = False  # the prompt is the last thing on the screen
 
     def say(self, line: str) -> None:
         """Print a line without tearing another thread's."""
         with self._print_lock:
             print(line, file=self.out, flush=True)
 
+    def notify(self, line: str) -> None:
+        """Print a notification as it arrives: on its own line, with the prompt drawn
+        again below it when it came while the prompt waited for input."""
+        with self._print_lock:
+            if not self._prompting:
+                print(line, file=self.out, flush=True)
+                return
+            clear = _ERASE_LINE if self.out.isatty() else "\n"
+            print(f"{clear}{line}\n{PROMPT}", end="", file=self.out, flush=True)
+
     def prompt(self) -> None:
         """The input prompt."""
         with self._print_lock:
-            print("you> ", end="", file=self.out, flush=True)
+            print(PROMPT, end="", file=self.out, flush=True)
+            self._prompting = True
+
+    def answered(self) -> None:
+        """A line was typed: the cursor is on a fresh line, the prompt gone."""
+        with self._print_lock:
+            self._prompting = False
 
     def listen(self, stop: threading.Event) -> None:
         """Print this conversation's notifications until `stop`."""
         while not stop.is_set():
             try:
                 batch = self.notes.read(count=50, block_ms=500)
+                for n in batch:
+                    if (n.agent, n.channel) == (self.agent, self.channel):
+                        self.notify(describe(n))
+                self.notes.ack(batch)
             except ContextlogError as e:
-                self.say(f"* notifications unavailable: {e}")
+                self.notify(f"* notifications unavailable: {cli_common.one_line(e)}")
                 stop.wait(2)
-                continue
-            for n in batch:
-                if (n.agent, n.channel) == (self.agent, self.channel):
-                    self.say(describe(n))
-            self.notes.ack(batch)
 
     def handle(self, line: str) -> bool:
         """One typed line; False to quit."""
@@ -134,8 +191,10 @@ class Chat:
                 self.command(text)
             else:
                 self.message(text)
+        except ModelFailed as e:
+            self.say(f"error: no reply: {e}; your message is kept, send another to try again")
         except (ContextlogError, ValueError) as e:
-            self.say(f"error: {e}")
+            self.say(f"error: {cli_common.one_line(e)}")
         return True
 
     def message(self, text: str) -> None:
@@ -166,6 +225,8 @@ class Chat:
             self.producer.restore(*key, rest[0], source=SOURCE)
         elif verb == "settings" and rest:
             self.settings(rest)
+        elif verb == "settings":
+            self.show_settings()
         else:
             self.say(HELP)
 
@@ -181,6 +242,26 @@ class Chat:
             )
             self.say(f"      {summary}")
 
+    def show_settings(self) -> None:
+        """This conversation's settings, as configured or the deployment's defaults."""
+        params = {
+            "agent": self.agent,
+            "channel": self.channel,
+            "thread": "",  # the main thread's compaction: not shown here
+            "now": dt.datetime.now(dt.UTC),
+            "default_window": self.defaults.rolling_window,
+        }
+        with self.reader.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            row = cur.execute(query("conversation_state"), params).fetchone() or {}
+        shown = []
+        for word, name in _SETTINGS.items():
+            value = row.get(name)
+            seconds = getattr(self.defaults, name) if value is None else value
+            text = str(seconds) if word == "budget" else duration(seconds)
+            shown.append(f"{word}={text}" + (" (default)" if value is None else ""))
+        self.say("* settings: " + " ".join(shown))
+
     def settings(self, pairs: list[str]) -> None:
         """`idle=10m window=24h budget=8000`."""
         changes: dict[str, Any] = {}
@@ -193,6 +274,21 @@ class Chat:
         self.say("* settings sent: " + ", ".join(f"{k}={v}" for k, v in changes.items()))
 
 
+def _api_message(body: object) -> str | None:
+    """The `error.message` of the API's error envelope, if the body is one."""
+    error = body.get("error") if isinstance(body, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return message if isinstance(message, str) else None
+
+
+def duration(seconds: int) -> str:
+    """Seconds in the largest unit that divides them: 1800 -> 30m, 86400 -> 1d, 0 -> 0."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds and seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s" if seconds else "0"
+
+
 def run(settings: Settings, agent: str, channel: str, stdin: TextIO = sys.stdin) -> int:
     """The interactive loop; returns at end of input or /quit."""
     # Both servers are checked first: a chat that cannot reach them exits (code 3) at
@@ -200,8 +296,12 @@ def run(settings: Settings, agent: str, channel: str, stdin: TextIO = sys.stdin)
     reader = cli_common.reader(settings)  # its pool opens on first use: nothing to close
     producer = cli_common.producer(settings)
     notes = Notifications(producer.redis, SOURCE, group=f"chat-{agent}-{channel}")
-    reply = claude_model(settings) if settings.anthropic_api_key else echo_model
-    chat = Chat(producer, reader, notes, agent, channel, reply)
+    reply = (
+        claude_model(claude_client(settings), settings.summary_model)
+        if settings.anthropic_api_key
+        else echo_model
+    )
+    chat = Chat(producer, reader, notes, agent, channel, reply, defaults=settings.conversation)
     model = "Claude" if settings.anthropic_api_key else "the offline echo model"
     chat.say(f"contextlog chat with {agent} in {channel}; replies from {model}. /help, /quit")
     stop = threading.Event()
@@ -211,6 +311,7 @@ def run(settings: Settings, agent: str, channel: str, stdin: TextIO = sys.stdin)
         while True:
             chat.prompt()
             line = stdin.readline()
+            chat.answered()
             if not line or not chat.handle(line):
                 break
     except KeyboardInterrupt:

@@ -20,6 +20,7 @@ from contextlog.schema import codec, keys
 from contextlog.worker.app import bootstrap
 from contextlog.worker.app.clock import SystemClock
 from contextlog.worker.app.config import Settings
+from contextlog.worker.cli import common as cli_common
 from contextlog.worker.ingest import deadletters
 
 AGENT = "demo-agent"
@@ -101,9 +102,11 @@ def wait_for(conn: psycopg.Connection[Any], ids: list[str]) -> list[tuple[Any, .
 def run(settings: Settings, console: Console) -> int:
     """Run the demo; returns the process exit code."""
     console.print("[bold]1.[/bold] migrate the database")
-    bootstrap.run_migrations(settings)
+    cli_common.check_servers(settings)  # before ingest starts, which would say it too
     console.print("[bold]2.[/bold] start [cyan]contextlog ingest[/cyan] in its own process")
-    env = {**os.environ, "CONTEXTLOG_LOG_LEVEL": "warning"}
+    # Errors only: the demo shows the dead letter it provokes (step 5) itself, and ingest's
+    # warning about it would land between the steps.
+    env = {**os.environ, "CONTEXTLOG_LOG_LEVEL": "error"}
     ingest = subprocess.Popen(
         [sys.executable, "-m", "contextlog.worker.cli.main", "ingest"], env=env
     )

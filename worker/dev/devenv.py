@@ -174,12 +174,19 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def busy_message(state_dir: Path, holder: str) -> str:
-    """Explain that another run holds state_dir, and how to use its servers instead."""
+def busy_message(state_dir: Path, holder: str, *, stopping: bool = False) -> str:
+    """Explain that another run (`make run`, `make test`, ...) holds state_dir: how to use
+    its servers instead, or, to stop or delete them, that it must end first."""
+    if stopping:
+        return (
+            f"another devenv run (pid {holder}, e.g. `make run`) is using {state_dir}/ and "
+            "its servers: end it first (Ctrl-C in its terminal), then try again"
+        )
     return (
-        f"another devenv run (pid {holder}) is using {state_dir}/; to use its servers from "
-        f"here run `{ATTACH_HINT}` or `python -m contextlog.worker.dev.devenv --attach -- CMD`; "
-        "or wait for it to finish, or set DATABASE_URL and REDIS_URL"
+        f"another devenv run (pid {holder}, e.g. `make run`) is using {state_dir}/; to use "
+        f"its servers from here run `{ATTACH_HINT}` or `python -m contextlog.worker.dev.devenv "
+        "--attach -- CMD`; or end it (Ctrl-C in its terminal) or wait for it to finish, or "
+        "set DATABASE_URL and REDIS_URL"
     )
 
 
@@ -288,21 +295,21 @@ def _run_command(command: list[str], env: dict[str, str], signals: _Signals) -> 
 
 
 @contextlib.contextmanager
-def _locked_state_dir(state_dir: Path) -> Iterator[IO[str]]:
+def _locked_state_dir(state_dir: Path, *, stopping: bool = False) -> Iterator[IO[str]]:
     """Create state_dir and hold its lock, so two runs never fight over the same servers.
 
     A run that was killed leaves its watchdog holding the lock while it stops the servers;
     the next run waits for it rather than refusing."""
     state_dir.mkdir(exist_ok=True)
     with (state_dir / "devenv.lock").open("a+") as lock:
-        _acquire(lock, state_dir)
+        _acquire(lock, state_dir, stopping)
         lock.truncate(0)
         lock.write(f"{os.getpid()}\n")
         lock.flush()
         yield lock
 
 
-def _acquire(lock: IO[str], state_dir: Path) -> None:
+def _acquire(lock: IO[str], state_dir: Path, stopping: bool) -> None:
     deadline = time.monotonic() + STOP_TIMEOUT + SWEEP_GRACE + 10
     waiting = False
     while True:
@@ -313,7 +320,7 @@ def _acquire(lock: IO[str], state_dir: Path) -> None:
             lock.seek(0)
             holder = lock.read().strip() or "?"
         if (holder.isdigit() and alive(int(holder))) or time.monotonic() > deadline:
-            raise DevenvError(busy_message(state_dir, holder)) from None
+            raise DevenvError(busy_message(state_dir, holder, stopping=stopping)) from None
         if not waiting:
             say(f"devenv: the previous run (pid {holder}) ended; waiting for its cleanup")
             waiting = True
@@ -442,7 +449,7 @@ def _attach(options: Options) -> int:
 
 def _stop() -> int:
     """Stop the servers of this checkout left running by --keep."""
-    with _locked_state_dir(STATE_DIR):
+    with _locked_state_dir(STATE_DIR, stopping=True):
         _stop_servers(layout(STATE_DIR.resolve(), os.getuid()), VARIABLES)
     return 0
 

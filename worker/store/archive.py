@@ -50,6 +50,7 @@ class ExportedSession(msgspec.Struct, frozen=True, kw_only=True):
     timestamp: Annotated[dt.datetime, Meta(tz=True)]
     description: ev.Description | None = None
     summary: ev.Text | None = None
+    summary_local: bool = False  # written by the local summarizer, not a model
     message_count: Annotated[int, Meta(ge=1, le=MAX_MESSAGES)]
     token_estimate: Annotated[int, Meta(ge=0)] = 0
     window_start: Annotated[dt.datetime, Meta(tz=True)] | None = None
@@ -86,12 +87,15 @@ def _exported(m: SessionMessage) -> ExportedMessage:
 
 
 def document(info: SessionInfo, messages: list[SessionMessage]) -> ExportedSession:
-    """The export of a session and its messages."""
+    """The export of a session and its messages. A failed summary is left out (its
+    placeholder is no summary), so the import asks for one again."""
+    summary = None if info.summary_failed else info.summary
     return ExportedSession(
         session_id=info.session_id,
         timestamp=info.created_at,
         description=info.description,
-        summary=info.summary,
+        summary=summary,
+        summary_local=info.summary_local and summary is not None,
         message_count=len(messages),
         token_estimate=info.token_estimate,
         window_start=info.window_start,
@@ -119,10 +123,15 @@ def target(folder: Path, session_id: str, output: Path | None = None) -> Path:
     return path
 
 
-def write(doc: ExportedSession, path: Path) -> Path:
-    """Write the export as indented JSON."""
+def write(doc: ExportedSession, path: Path, *, overwrite: bool = False) -> Path:
+    """Write the export as indented JSON; an existing file is kept unless `overwrite`
+    (checked as the file is created, so nothing can appear in between)."""
+    data = msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n"
     try:
-        path.write_bytes(msgspec.json.format(msgspec.json.encode(doc), indent=2) + b"\n")
+        with path.open("wb" if overwrite else "xb") as f:
+            f.write(data)
+    except FileExistsError:
+        raise Refused(f"{path} exists: give --force to overwrite it, or -o another file") from None
     except OSError as e:
         raise Refused(f"cannot write {path}: {e.strerror or e}") from None
     return path
@@ -195,6 +204,7 @@ def events(
             message_count=len(doc.messages),
             description=doc.description,
             summary=doc.summary,
+            summary_local=doc.summary_local and doc.summary is not None,
             created_at=doc.timestamp,
             **common,
         )

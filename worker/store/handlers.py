@@ -149,6 +149,7 @@ def create_session(
     first: str,
     auto: bool,
     summary: str | None = None,
+    summary_local: bool = False,
     created_at: dt.datetime | None = None,
     extra: dict[str, Any] | None = None,
 ) -> list[Effect]:
@@ -178,7 +179,7 @@ def create_session(
             "window_start": rows[0].occurred_at,
             "window_end": rows[-1].occurred_at,
             "summary": summary,
-            "summary_local": False,
+            "summary_local": summary_local and summary is not None,
         },
     )
     if isinstance(e, ev.SessionImported):
@@ -395,6 +396,7 @@ def on_import(
         first=sessions.text_of(rows[0].content),
         auto=e.auto,
         summary=e.summary,
+        summary_local=e.summary_local,
         created_at=e.created_at,
     )
 
