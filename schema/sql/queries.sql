@@ -101,3 +101,8 @@ FROM conversations c JOIN threads t ON t.agent = c.agent AND t.channel = c.chann
 WHERE c.agent = %(agent)s AND c.channel = %(channel)s AND t.pending_summary IS NULL
   AND t.window_tokens > coalesce(c.token_budget, %(default_budget)s) * %(compact_at)s
 ORDER BY t.thread;
+
+-- name: conversation_settings
+-- A conversation's own settings (NULL: the deployment's default).
+SELECT rolling_window, idle_timeout, token_budget FROM conversations
+WHERE agent = %(agent)s AND channel = %(channel)s;

@@ -8,7 +8,6 @@ producer; notifications (saves, summaries, refusals) are printed as they arrive.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import sys
 import threading
@@ -244,16 +243,10 @@ class Chat:
 
     def show_settings(self) -> None:
         """This conversation's settings, as configured or the deployment's defaults."""
-        params = {
-            "agent": self.agent,
-            "channel": self.channel,
-            "thread": "",  # the main thread's compaction: not shown here
-            "now": dt.datetime.now(dt.UTC),
-            "default_window": self.defaults.rolling_window,
-        }
+        params = {"agent": self.agent, "channel": self.channel}
         with self.reader.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
-            row = cur.execute(query("conversation_state"), params).fetchone() or {}
+            row = cur.execute(query("conversation_settings"), params).fetchone() or {}
         shown = []
         for word, name in _SETTINGS.items():
             value = row.get(name)
