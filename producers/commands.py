@@ -12,7 +12,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from contextlog.producers.ids import derived_id, uuid7
-from contextlog.schema import attachments, codec, keys
+from contextlog.schema import attachments, codec, keys, signing
 from contextlog.schema import events as ev
 from contextlog.schema.defaults import parse_duration as parse_duration  # re-exported
 from contextlog.schema.errors import EventRejected, EventTooLarge
@@ -34,6 +34,8 @@ class Prepared(msgspec.Struct, frozen=True):
     payload: bytes
     # (Redis key, bytes) of the attachments the entry references: written with it.
     blobs: tuple[tuple[str, bytes], ...] = ()
+    # A worker's result: its signature (schema.signing), in the entry beside it.
+    signature: bytes | None = None
 
 
 class Encoder:
@@ -44,14 +46,25 @@ class Encoder:
         shards: int,
         max_entry_bytes: int = codec.DEFAULT_MAX_ENTRY_BYTES,
         limits: attachments.Limits | None = None,
+        signing_key: signing.Key | None = None,
     ) -> None:
         self.shards = shards
         self.max_entry_bytes = max_entry_bytes
         self.limits = limits or attachments.Limits()
+        self.signing_key = signing_key  # a worker's: it may emit results
 
     def prepare(self, event: ev.Event) -> Prepared:
         """Encode and validate; bad input raises `EventRejected` here, not in a dead letter.
-        Base64 image and document data is taken out as attachments (`schema.attachments`)."""
+        Base64 image and document data is taken out as attachments (`schema.attachments`).
+        A result only workers emit (`signing.is_result`) is signed, or refused without a
+        worker's key."""
+        if signing.is_result(event) and self.signing_key is None:
+            what = "an idle-timeout save" if isinstance(event, ev.SessionSaveRequested) else ""
+            raise EventRejected(
+                codec.FORGED,
+                f"{what or ev.kind_of(event)} is a result only contextlog's worker emits;"
+                " an adapter cannot send it",
+            )
         event, blobs = _take_attachments(event, self.limits)
         try:
             payload = codec.encode(event)
@@ -68,7 +81,10 @@ class Encoder:
         checked = codec.decode(payload, self.max_entry_bytes)
         shard = keys.shard_of(checked.agent, checked.channel, self.shards)
         stored = tuple((keys.attachment(shard, b.sha256), b.data) for b in blobs)
-        return Prepared(str(checked.event_id), keys.stream(shard), payload, stored)
+        signature = None
+        if self.signing_key is not None and signing.is_result(checked):
+            signature = self.signing_key.sign(payload)
+        return Prepared(str(checked.event_id), keys.stream(shard), payload, stored, signature)
 
 
 def _take_attachments(

@@ -32,6 +32,9 @@ class SessionInfo:
     model: str | None = None
     window_start: dt.datetime | None = None
     window_end: dt.datetime | None = None
+    # An imported session: when it was saved where it was exported (`created_at` is when
+    # it was imported here, which orders the list).
+    imported_from: dt.datetime | None = None
 
     @property
     def pending(self) -> bool:
@@ -82,7 +85,7 @@ def page_params(agent: str, channel: str | None, page: int, per_page: int) -> di
 def to_page(rows: Sequence[tuple[Any, ...]], page: int, per_page: int) -> SessionPage:
     """Rows of `list_sessions` (the last column is the total count)."""
     total = int(rows[0][-1]) if rows else 0
-    return SessionPage([_info(r[:16]) for r in rows], page, per_page, total)
+    return SessionPage([_info(r[:17]) for r in rows], page, per_page, total)
 
 
 def _info(row: Sequence[Any]) -> SessionInfo:
@@ -107,7 +110,7 @@ def pick(
             f"session id {session_id!r} exists in several conversations ({where}): "
             "name the agent and channel"
         )
-    return _info(mine[0][:16]), [int(s) for s in mine[0][16]]
+    return _info(mine[0][:17]), [int(s) for s in mine[0][17]]
 
 
 def to_messages(rows: Sequence[tuple[Any, ...]]) -> list[SessionMessage]:

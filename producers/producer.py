@@ -12,7 +12,7 @@ import redis
 
 from contextlog.producers import connection
 from contextlog.producers.commands import Batch, Commands, Encoder, Prepared, utcnow
-from contextlog.schema import attachments, codec, keys
+from contextlog.schema import attachments, codec, keys, signing
 from contextlog.schema import events as ev
 from contextlog.schema.errors import Unavailable
 
@@ -61,11 +61,11 @@ def _queue(pipe: Any, prepared: list[Prepared], ttl_s: int) -> None:
     older entry's key might expire before ingest reaches this one). Without attachments,
     a stream's entries in call order, `SCRIPT_MIN` or more of them by `XADD_MANY`: only
     each stream's order matters (ingest reads each on its own)."""
-    if _has_blobs(prepared):
+    if _has_blobs(prepared) or any(p.signature for p in prepared):
         for p in prepared:
             for key, data in p.blobs:
                 pipe.set(key, data, ex=ttl_s)
-            pipe.xadd(p.stream, {codec.ENTRY_FIELD: p.payload})
+            pipe.xadd(p.stream, _fields(p))
         return
     streams: dict[str, list[bytes]] = {}
     for p in prepared:
@@ -81,6 +81,13 @@ def _queue(pipe: Any, prepared: list[Prepared], ttl_s: int) -> None:
             pipe.execute_command("EVAL", XADD_MANY, 1, stream, codec.ENTRY_FIELD, *chunk)
 
 
+def _fields(p: Prepared) -> dict[bytes, bytes]:
+    """An entry's fields: the event, and a worker's signature of it."""
+    if p.signature is None:
+        return {codec.ENTRY_FIELD: p.payload}
+    return {codec.ENTRY_FIELD: p.payload, signing.SIGNATURE_FIELD: p.signature}
+
+
 class _Base:
     def __init__(
         self,
@@ -89,13 +96,14 @@ class _Base:
         max_entry_bytes: int = codec.DEFAULT_MAX_ENTRY_BYTES,
         clock: Callable[[], dt.datetime] = utcnow,
         attachment_limits: attachments.Limits | None = None,
+        signing_key: signing.Key | None = None,
     ) -> None:
         # The one place the producers package reads the environment: DESIGN.md says the
         # shard count comes from CONTEXTLOG_SHARDS unless the caller passes it; the
-        # attachment limits likewise.
+        # attachment limits likewise. `signing_key`: the worker's (it may emit results).
         count = keys.shards_from_env(os.environ) if shards is None else shards
         limits = attachment_limits or attachments.Limits.from_env(os.environ)
-        self.encoder = Encoder(count, max_entry_bytes, limits)
+        self.encoder = Encoder(count, max_entry_bytes, limits, signing_key)
         self.clock = clock
         self._shards_checked = False
 

@@ -38,6 +38,7 @@ OVERSIZED: Final = "oversized"
 MALFORMED: Final = "malformed"
 UNKNOWN_TYPE: Final = "unknown_type"
 INVALID: Final = "invalid"
+FORGED: Final = "forged"  # a result only workers emit, without a worker's signature
 
 # An escaped NUL (\u0000) preceded by an even number of backslashes: the string holds
 # U+0000, which Postgres jsonb refuses. JSON must escape it, so the raw bytes tell.

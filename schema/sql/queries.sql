@@ -106,3 +106,14 @@ ORDER BY t.thread;
 -- A conversation's own settings (NULL: the deployment's default).
 SELECT rolling_window, idle_timeout, token_budget FROM conversations
 WHERE agent = %(agent)s AND channel = %(channel)s;
+
+-- name: signing_key
+-- The results' signing key: %(value)s becomes it unless another process made it first.
+WITH made AS (
+    INSERT INTO contextlog_secrets (name, value) VALUES ('results', %(value)s)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING value
+)
+SELECT value FROM made
+UNION ALL
+SELECT value FROM contextlog_secrets WHERE name = 'results' AND NOT EXISTS (SELECT FROM made);

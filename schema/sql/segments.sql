@@ -163,7 +163,7 @@ FROM t JOIN notes n
 ORDER BY 1;
 
 -- name: session_created
-SELECT created_at FROM sessions
+SELECT created_at, imported_from FROM sessions
 WHERE agent = %(agent)s AND channel = %(channel)s AND session_id = %(session_id)s;
 
 -- name: conversation_budget

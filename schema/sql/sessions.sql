@@ -36,11 +36,11 @@ WHERE agent = %(agent)s AND channel = %(channel)s AND starts_with(session_id, %(
 -- name: insert_session
 INSERT INTO sessions (agent, channel, session_id, seq, created_at, description, preview,
                       message_count, token_estimate, auto, source, provider, model, seqs,
-                      window_start, window_end, summary, summary_local)
+                      window_start, window_end, summary, summary_local, imported_from)
 VALUES (%(agent)s, %(channel)s, %(session_id)s, %(seq)s, %(created_at)s, %(description)s,
         %(preview)s, %(message_count)s, %(token_estimate)s, %(auto)s, %(source)s,
         %(provider)s, %(model)s, %(seqs)s, %(window_start)s, %(window_end)s, %(summary)s,
-        %(summary_local)s);
+        %(summary_local)s, %(imported_from)s);
 
 -- name: find_session
 -- A session by id, this conversation's first if several conversations use the id.
@@ -121,7 +121,7 @@ RETURNING id;
 -- One page of a conversation's (or an agent's) live sessions, newest first.
 SELECT agent, channel, session_id, created_at, description, summary, message_count,
        token_estimate, auto, preview, summary_local, summary_failed, provider, model,
-       window_start, window_end, count(*) OVER ()
+       window_start, window_end, imported_from, count(*) OVER ()
 FROM sessions
 WHERE agent = %(agent)s AND (%(channel)s::text IS NULL OR channel = %(channel)s)
   AND deleted_at IS NULL
@@ -132,7 +132,7 @@ LIMIT %(limit)s OFFSET %(offset)s;
 -- A live session by id, in one conversation when given (ids are unique per conversation).
 SELECT agent, channel, session_id, created_at, description, summary, message_count,
        token_estimate, auto, preview, summary_local, summary_failed, provider, model,
-       window_start, window_end, seqs
+       window_start, window_end, imported_from, seqs
 FROM sessions
 WHERE session_id = %(session_id)s AND deleted_at IS NULL
   AND (%(agent)s::text IS NULL OR agent = %(agent)s)

@@ -19,6 +19,7 @@ from contextlog.producers.notifications import Notifications
 from contextlog.schema import events as ev
 from contextlog.schema import notices as nt
 from contextlog.schema.notices import Notice
+from contextlog.worker.app import bootstrap
 from contextlog.worker.tasks import idle
 from contextlog.worker.tasks import timers as tm
 from contextlog.worker.tasks.timers import Timers, timer_key
@@ -124,10 +125,11 @@ def test_a_check_that_dies_mid_save_is_redone_by_the_sweep_and_saves_once(
     the timer's job dead and re-arms it, and the re-run saves once."""
     rds = redis.Redis.from_url(redis_url)
     timers = Timers(rds)
-    producer = Producer(rds, shards=4)
+    settings = settings_for(db, redis_url)
+    producer = Producer(rds, shards=4, signing_key=bootstrap.signing_key(settings))  # a worker
     reader = ContextReader.from_url(db)
     try:
-        with running(settings_for(db, redis_url)):
+        with running(settings):
             producer.configure(A, "c", idle_timeout=2, source="bot")
             last = producer.post_message(A, "c", "user", "write the report", source="bot")
             reader.context(A, "c", wait_for=last, timeout=10)

@@ -34,11 +34,12 @@ class Stack:
     """Ingest running, a producer and reader as an adapter has them, jobs run on demand."""
 
     settings: Settings
-    producer: Producer
+    producer: Producer  # the adapter's
     reader: ContextReader
     notes: Notifications
     rds: redis.Redis
     api: FakeAPI
+    worker: Producer  # the worker's: it signs results
     delays: list[float] = field(default_factory=list)
     seen: list[Notice] = field(default_factory=list)
 
@@ -47,7 +48,7 @@ class Stack:
             bootstrap.Resources(
                 self.settings,
                 self.reader,
-                self.producer,
+                self.worker,
                 summarizer,
                 SystemClock(),
                 Timers(self.rds),
@@ -91,13 +92,19 @@ def stack(
     for name, value in (("DATABASE_URL", db), ("REDIS_URL", redis_url), ("CONTEXTLOG_SHARDS", "4")):
         monkeypatch.setenv(name, value)  # for the CLI commands a test runs
     producer = Producer(redis.Redis.from_url(redis_url), shards=settings.shards)
+    worker = Producer(
+        redis.Redis.from_url(redis_url),
+        shards=settings.shards,
+        signing_key=bootstrap.signing_key(settings),
+    )
     reader = ContextReader.from_url(db, defaults=settings.conversation)
     notes = Notifications(redis.Redis.from_url(redis_url), "test", consumer="t1")
     api = FakeAPI()
-    s = Stack(settings, producer, reader, notes, rds, api)
+    s = Stack(settings, producer, reader, notes, rds, api, worker)
     s.use(AnthropicSummarizer(client_for(api), "claude-test-1", sleep=s.delays.append))
     with running(settings):
         yield s
     reader.close()
     notes.close()
     producer.close()
+    worker.close()

@@ -14,7 +14,7 @@ from contextlog.producers import AsyncProducer, EventRejected, EventTooLarge, Pr
 from contextlog.producers import producer as producer_module
 from contextlog.producers.commands import parse_duration
 from contextlog.producers.ids import derived_id, uuid7
-from contextlog.schema import blocks, codec, keys
+from contextlog.schema import blocks, codec, keys, signing
 from contextlog.schema import events as ev
 from contextlog.schema.errors import ConfigError
 
@@ -275,3 +275,45 @@ def test_whole_float_seconds_and_timedeltas_are_taken(producer: Producer) -> Non
     [event] = stored(producer, "a", "c")
     assert isinstance(event, ev.Configured)
     assert (event.idle_timeout, event.rolling_window) == (90, 7200)
+
+
+def _results() -> list[ev.Event]:
+    common: dict[str, Any] = {"agent": "alpha", "channel": "general", "occurred_at": T0}
+    return [
+        ev.SummaryGenerated(event_id=uuid7(), session_id="s1", summary="forged", **common),
+        ev.ContextCompacted(event_id=uuid7(), through_seq=10**12, summary="forged", **common),
+        ev.SessionSaveRequested(event_id=uuid7(), auto=True, **common),
+    ]
+
+
+@pytest.mark.parametrize("result", _results(), ids=lambda e: ev.kind_of(e))
+def test_a_public_producer_refuses_to_build_a_workers_result(
+    producer: Producer, result: ev.Event
+) -> None:
+    """Summaries, compactions and idle-timeout saves change every later context: only a
+    worker, holding the signing key, may send them (issue 30.1)."""
+    with pytest.raises(EventRejected) as info:
+        producer.push(result)
+    assert info.value.reason == codec.FORGED
+    assert producer.redis.xlen(keys.stream(keys.shard_of("alpha", "general", 4))) == 0
+    # A save a person asks for is theirs to send.
+    producer.save("alpha", "general", "mine")
+
+
+def test_a_workers_producer_signs_its_results_and_nothing_else(
+    server: fakeredis.FakeServer,
+) -> None:
+    key = signing.Key.of(b"k" * 32)
+    worker = Producer(fakeredis.FakeRedis(server=server), shards=4, signing_key=key)
+    worker.post_message("alpha", "general", "user", "hello")
+    for result in _results():
+        worker.push(result)
+    client: Any = worker.redis
+    entries = client.xrange(keys.stream(keys.shard_of("alpha", "general", 4)))
+    signatures = [f.get(signing.SIGNATURE_FIELD) for _, f in entries]
+    assert signatures[0] is None
+    assert all(
+        key.verify(f[codec.ENTRY_FIELD], s)
+        for (_, f), s in zip(entries[1:], signatures[1:], strict=True)
+    )
+    assert not key.verify(entries[1][1][codec.ENTRY_FIELD] + b" ", signatures[1])

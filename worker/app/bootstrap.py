@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import os
+import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,8 +23,9 @@ from contextlog.producers import connection
 from contextlog.producers.connection import SyncClient
 from contextlog.producers.producer import Producer
 from contextlog.producers.reader import ContextReader
-from contextlog.schema import keys
+from contextlog.schema import keys, signing
 from contextlog.schema.errors import ConfigError, Unavailable
+from contextlog.schema.queries import query
 from contextlog.worker.app.clock import Clock, SystemClock
 from contextlog.worker.app.config import Settings
 from contextlog.worker.effects.notify import RedisNotifier
@@ -157,13 +159,38 @@ def api_tools(settings: Settings) -> tuple[Summarizer, ApiCompactor | None]:
     return summaries, ApiCompactor(client, summaries.retry, deadlines, settings.summary_timeout)
 
 
+def signing_key(settings: Settings) -> signing.Key:
+    """The key that signs workers' results: CONTEXTLOG_SIGNING_KEY, or the one kept in
+    Postgres (made by the first process that needs it), read on first use."""
+    if settings.signing_key is not None:
+        return signing.Key.of(settings.signing_key.encode())
+
+    def load() -> bytes:
+        try:
+            with pg_connector(settings)() as conn:
+                row = conn.execute(
+                    query("signing_key"), {"value": secrets.token_bytes(32)}
+                ).fetchone()
+                conn.commit()
+        except psycopg.Error as e:
+            raise Unavailable(f"Postgres: the signing key could not be read: {e}") from e
+        if row is None:
+            raise Unavailable("Postgres: the signing key could not be made")
+        return bytes(row[0])
+
+    return signing.Key(load)
+
+
 def build_resources(settings: Settings, clock: Clock | None = None) -> Resources:
     """Resources for jobs; nothing connects until first used."""
     summaries, compactor = api_tools(settings)
     return Resources(
         settings=settings,
         reader=ContextReader.from_url(settings.database_url, defaults=settings.conversation),
-        producer=Producer(redis_client(settings), shards=settings.shards),
+        # The worker's producer signs its results (summaries, compactions, auto-saves).
+        producer=Producer(
+            redis_client(settings), shards=settings.shards, signing_key=signing_key(settings)
+        ),
         summarizer=summaries,
         clock=clock or SystemClock(),
         timers=Timers(queue_client(settings)),
@@ -208,7 +235,14 @@ def build_ingest(
     claim_shard_count(client, settings.shards)
     streams = Streams(client, settings.consumer)
     clock = clock or SystemClock()
-    return Ingest(settings, streams, open_event_log(settings, client, clock=clock), clock, stop)
+    return Ingest(
+        settings,
+        streams,
+        open_event_log(settings, client, clock=clock),
+        clock,
+        stop,
+        signing_key=signing_key(settings),
+    )
 
 
 def tune_gc_for_batches() -> None:

@@ -10,7 +10,7 @@ from typing import Any, Final, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from contextlog.producers import connection
-from contextlog.schema import codec, keys
+from contextlog.schema import codec, keys, signing
 from contextlog.schema.defaults import REPLICA_MAX_LAG, REPLICA_WAIT, ConversationDefaults
 from contextlog.schema.errors import ConfigError
 
@@ -76,6 +76,8 @@ class Settings:
     conversation: ConversationDefaults = dataclasses.field(default_factory=ConversationDefaults)
     # Summaries: without an API key a local, deterministic summarizer is used.
     anthropic_api_key: str | None = dataclasses.field(default=None, repr=False)
+    # Signs the results only workers emit (schema/signing.py); None: a key kept in Postgres.
+    signing_key: str | None = dataclasses.field(default=None, repr=False)
     anthropic_base_url: str | None = None
     summary_model: str = DEFAULT_SUMMARY_MODEL
     summary_attempts: int = DEFAULT_SUMMARY_ATTEMPTS
@@ -128,6 +130,7 @@ class Settings:
             log_timestamps=r.get("CONTEXTLOG_LOG_TIMESTAMPS", True, _flag),
             conversation=ConversationDefaults.from_env(env),
             anthropic_api_key=r.get("ANTHROPIC_API_KEY", None, _secret),
+            signing_key=r.get("CONTEXTLOG_SIGNING_KEY", None, _signing_key),
             anthropic_base_url=r.get("ANTHROPIC_BASE_URL", None, _http_url),
             summary_model=r.get("CONTEXTLOG_SUMMARY_MODEL", DEFAULT_SUMMARY_MODEL, _name),
             summary_attempts=r.get(
@@ -248,6 +251,13 @@ def _secret(name: str, raw: str) -> str:
         # The value itself is never echoed: it is a secret.
         raise ConfigError(f"{name} holds spaces or control characters; check how it was set")
     return raw
+
+
+def _signing_key(name: str, raw: str) -> str:
+    value = _secret(name, raw)
+    if len(value.encode()) < signing.MIN_KEY_BYTES:
+        raise ConfigError(f"{name} must hold at least {signing.MIN_KEY_BYTES} characters")
+    return value
 
 
 def _http_url(name: str, raw: str) -> str:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import redis
 import structlog
 
-from contextlog.schema import codec
+from contextlog.schema import codec, signing
+from contextlog.schema import events as ev
 from contextlog.schema.errors import (
     Conflict,
     EventRejected,
@@ -32,7 +33,7 @@ from contextlog.worker.app import metrics
 from contextlog.worker.app.clock import Clock
 from contextlog.worker.app.config import Settings
 from contextlog.worker.ingest import attachments
-from contextlog.worker.ingest.streams import REDIS_AWAY, Entry, Rejected, Streams, id_key
+from contextlog.worker.ingest.streams import REDIS_AWAY, Entry, Fields, Rejected, Streams, id_key
 from contextlog.worker.store.eventlog import Accepted, EventLog
 
 log = structlog.get_logger("contextlog.ingest")
@@ -73,8 +74,11 @@ class Ingest:
         clock: Clock,
         stop: threading.Event | None = None,
         pause: Callable[[float], object] | None = None,
+        signing_key: signing.Key | None = None,
     ) -> None:
         self.settings = settings
+        # Results only workers emit are taken when signed with it (none: never).
+        self.signing_key = signing_key
         self.streams = streams
         self.open_log = open_log
         self.clock = clock
@@ -459,8 +463,18 @@ class Ingest:
             except EventRejected as e:
                 rejected.append(Rejected(entry_id, fields, e.reason, e.detail))
                 continue
-            accepted.append(Accepted(entry_id, event, fields[codec.ENTRY_FIELD]))
+            payload = fields[codec.ENTRY_FIELD]
+            if signing.is_result(event) and not self._signed(payload, fields):
+                detail = f"{ev.kind_of(event)} is a worker's result, without a worker's signature"
+                rejected.append(Rejected(entry_id, fields, codec.FORGED, detail))
+                continue
+            accepted.append(Accepted(entry_id, event, payload))
         return accepted, rejected
+
+    def _signed(self, payload: bytes, fields: Fields) -> bool:
+        """Whether an entry carries a worker's signature of its bytes."""
+        key = self.signing_key
+        return key is not None and key.verify(payload, fields.get(signing.SIGNATURE_FIELD))
 
     def _store(self, shard: int, batch: Sequence[Accepted], retry: bool = True) -> None:
         """Append and acknowledge; a batch Postgres refuses is split to find the bad entry."""

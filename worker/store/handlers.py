@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 import psycopg
+import structlog
 from psycopg.rows import TupleRow, class_row
 
 from contextlog.producers.context import CUT_AT, StoredMessage, estimate_tokens
@@ -26,6 +27,7 @@ from contextlog.worker.effects.kinds import Effect, Notice, Summarize
 from contextlog.worker.store import sessions
 
 Cursor = psycopg.Cursor[TupleRow]
+log = structlog.get_logger("contextlog.handlers")
 T = TypeVar("T")
 
 
@@ -154,7 +156,7 @@ def create_session(
     extra: dict[str, Any] | None = None,
 ) -> list[Effect]:
     """Insert a session over the messages `rows`, oldest first."""
-    created = created_at or at
+    created = at  # the list's order: when ingest logged the save or the import
     wanted = base or sessions.session_id(created, description, first, ())
     ids = cur.execute(query("session_ids_from"), {**_key(e), "base": wanted})
     taken = {session_id for (session_id,) in ids}
@@ -180,6 +182,7 @@ def create_session(
             "window_end": rows[-1].occurred_at,
             "summary": summary,
             "summary_local": summary_local and summary is not None,
+            "imported_from": created_at,
         },
     )
     if isinstance(e, ev.SessionImported):
@@ -222,7 +225,8 @@ def on_restore(
     params = {**_key(e), "seq": seq, "at": at, "seqs": seqs, "session_id": sid}
     cur.execute(query("restore_conversation"), params)
     created = cur.execute(query("session_created"), params).fetchone()
-    note = sessions.restore_note(sid, created[0] if created else None, found.summary)
+    saved, imported = (created[0], created[1]) if created else (None, None)
+    note = sessions.restore_note(sid, imported or saved, found.summary, imported is not None)
     clear_segments(cur, e, seq, at, "restore", note, None if found.summary else sid)
     budget = cur.execute(query("conversation_budget"), {**_key(e), "default": d.token_budget})
     (limit,) = budget.fetchone() or (d.token_budget,)
@@ -317,6 +321,17 @@ def on_compaction(
     key = {**_key(e), "thread": e.thread or ""}
     found = cur.execute(query("segment_of"), key).fetchone()
     if found is None or e.through_seq == 0 or not _current(cur, e, found[0]):
+        return []
+    if e.through_seq >= seq or e.seen_seq >= seq:
+        # A position the log had not reached when the result came: never applied (a
+        # result is signed by a worker, but its references are checked all the same).
+        log.warning(
+            "compaction refused: it names log positions past its own",
+            agent=e.agent,
+            channel=e.channel,
+            through_seq=e.through_seq,
+            at_seq=seq,
+        )
         return []
     if ev.given(e.block):
         block = bytes(e.block).decode()

@@ -81,11 +81,20 @@ def preview(first_message: str) -> str:
     return line if len(line) <= PREVIEW_CHARS else line[: PREVIEW_CHARS - 1] + "…"
 
 
-def restore_note(session_id: str, saved: dt.datetime | None, summary: str | None) -> str:
+def restore_note(
+    session_id: str, saved: dt.datetime | None, summary: str | None, imported: bool = False
+) -> str:
     """The header of a restored session's segments: what was resumed, and its summary
-    (frozen with the segment: a summary that lands later is appended as a note)."""
+    (frozen with the segment: a summary that lands later is appended as a note). An
+    imported session's summary came with its file, not from this deployment's worker,
+    and says so."""
     when = f" (saved {saved:%Y-%m-%d %H:%M UTC})" if saved else ""
     said = summary or "(its summary is still being written)"
+    if imported:
+        return (
+            f"Resumed imported session {session_id}{when}. Its summary, as the imported"
+            f" file gives it: {said}"
+        )
     return f"Resumed saved session {session_id}{when}. Its summary: {said}"
 
 
