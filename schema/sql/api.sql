@@ -67,7 +67,9 @@ WHERE delivery_id = %(delivery_id)s;
 -- name: replay_delivery
 UPDATE webhook_deliveries
 SET status = 'pending', attempts = 0, updated_at = now(), next_attempt_at = now()
-WHERE delivery_id = %(delivery_id)s RETURNING delivery_id;
+WHERE delivery_id = %(delivery_id)s
+  AND (%(webhook_id)s::text IS NULL OR webhook_id = %(webhook_id)s)
+RETURNING delivery_id;
 
 -- name: stalled_deliveries
 -- Pending deliveries nothing touched for a while: their job was lost (a crash between the

@@ -27,7 +27,7 @@ BODY = msgspec.json.encode(
     {"agent": "a", "channel": "c", "role": "user", "content": "hello " * 40, "source": "s"}
 )
 
-APP = r'''
+APP = r"""
 import msgspec
 class Post(msgspec.Struct, kw_only=True):
     agent: str
@@ -42,11 +42,11 @@ class Ctx(msgspec.Struct):
     token_estimate: int
 CTX = Ctx([{"role": "user" if i % 2 == 0 else "assistant",
             "content": [{"type": "text", "text": "word " * 40}]} for i in range(100)], 1000)
-'''
+"""
 
 LITESTAR = (
     APP
-    + r'''
+    + r"""
 from litestar import Litestar, get, post
 @post("/v1/post", status_code=200)
 async def do_post(data: Post) -> Posted:
@@ -55,12 +55,12 @@ async def do_post(data: Post) -> Posted:
 async def ctx() -> Ctx:
     return CTX
 app = Litestar([do_post, ctx], openapi_config=None)
-'''
+"""
 )
 
 STARLETTE = (
     APP
-    + r'''
+    + r"""
 from starlette.applications import Starlette
 from starlette.responses import Response
 from starlette.routing import Route
@@ -72,7 +72,7 @@ async def do_post(request):
 async def ctx(request):
     return Response(msgspec.json.encode(CTX), media_type="application/json")
 app = Starlette(routes=[Route("/v1/post", do_post, methods=["POST"]), Route("/v1/ctx", ctx)])
-'''
+"""
 )
 
 CANDIDATES = {
@@ -131,8 +131,8 @@ def _round(conn: http.client.HTTPConnection, out: dict[str, list[float]]) -> Non
 
 def main() -> int:
     procs: dict[str, Any] = {}
-    conns = {}
-    samples = {n: {"post": [], "ctx": []} for n in CANDIDATES}
+    conns: dict[str, http.client.HTTPConnection] = {}
+    samples: dict[str, dict[str, list[float]]] = {n: {"post": [], "ctx": []} for n in CANDIDATES}
     try:
         for name, (code, server) in CANDIDATES.items():
             port = free_port()

@@ -378,6 +378,12 @@ class DeliveryList(Struct, kw_only=True):
     deliveries: list[DeliveryOut]
 
 
+class Replayed(Struct, kw_only=True):
+    """The delivery was queued again."""
+
+    delivery_id: str
+
+
 class DeliveryQuery(Struct, kw_only=True, forbid_unknown_fields=True):
     """Filter of a deliveries listing."""
 

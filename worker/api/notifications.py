@@ -97,7 +97,9 @@ async def stream(call: Call) -> StreamingResponse:
     last = call.request.headers.get("last-event-id") or q.last_event_id
     if last:
         await notes.ack_through(entry_id(last))
-    return StreamingResponse(_events(call, notes, q), media_type="text/event-stream", headers=HEADERS)
+    return StreamingResponse(
+        _events(call, notes, q), media_type="text/event-stream", headers=HEADERS
+    )
 
 
 async def ack(call: Call) -> m.Acked:

@@ -3,7 +3,6 @@ root (`bootstrap.build_api_services`) and handed to the app."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +15,7 @@ from contextlog.worker.api.keys import Keys
 from contextlog.worker.api.limits import RateLimiter
 from contextlog.worker.app.clock import Clock
 from contextlog.worker.app.config import Settings
+from contextlog.worker.tasks.webhooks import Deliveries
 
 
 @dataclass
@@ -34,7 +34,7 @@ class Services:
     keys: Keys
     limiter: RateLimiter
     clock: Clock
-    status: Callable[[], Any]  # `contextlog status` as a Struct; blocking
+    deliveries: Deliveries  # webhook replays (blocking)
 
     async def open(self) -> None:
         """Open the pools (after any fork, inside the server's event loop)."""

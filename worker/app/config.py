@@ -174,6 +174,9 @@ class Settings:
         }
 
 
+NO_HOSTS: tuple[str, ...] = ()
+
+
 def _api_settings(r: _Reader) -> dict[str, Any]:
     """The settings of `contextlog api` and of webhook deliveries."""
     return {
@@ -190,7 +193,7 @@ def _api_settings(r: _Reader) -> dict[str, Any]:
         "api_key_cache": r.get(
             "CONTEXTLOG_API_KEY_CACHE", DEFAULT_API_KEY_CACHE, _float_in(0, 3600)
         ),
-        "webhook_hosts": r.get("CONTEXTLOG_WEBHOOK_HOSTS", (), _hosts),
+        "webhook_hosts": r.get("CONTEXTLOG_WEBHOOK_HOSTS", NO_HOSTS, _hosts),
         "webhook_allow_private": r.get("CONTEXTLOG_WEBHOOK_ALLOW_PRIVATE", False, _bool),
         "webhook_timeout": r.get(
             "CONTEXTLOG_WEBHOOK_TIMEOUT", DEFAULT_WEBHOOK_TIMEOUT, _float_in(0.1, 300)

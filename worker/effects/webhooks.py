@@ -132,9 +132,8 @@ def check_target(
         raise TargetRefused("a webhook URL must not carry credentials")
     host = parts.hostname.lower()
     if not _host_allowed(host, hosts):
-        raise TargetRefused(
-            f"{host} is not among the hosts allowed by CONTEXTLOG_WEBHOOK_HOSTS ({', '.join(hosts)})"
-        )
+        allowed = ", ".join(hosts)
+        raise TargetRefused(f"{host} is not among CONTEXTLOG_WEBHOOK_HOSTS ({allowed})")
     if allow_private:
         return
     for address in lookup(host):

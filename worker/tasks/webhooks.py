@@ -129,7 +129,9 @@ def listed(conn: psycopg.Connection[Any]) -> list[Webhook]:
 def delete(conn: psycopg.Connection[Any], webhook_id: str) -> bool:
     """Stop a webhook's deliveries (its rows stay, for the record)."""
     with conn.transaction():
-        return conn.execute(query("delete_webhook"), {"webhook_id": webhook_id}).fetchone() is not None
+        return (
+            conn.execute(query("delete_webhook"), {"webhook_id": webhook_id}).fetchone() is not None
+        )
 
 
 def deliveries(
@@ -166,10 +168,14 @@ class Deliveries:
                 retry=Retry(max=retries, interval=list(BACKOFF_S[:retries])) if retries else None,
             )
 
-    def replay(self, conn: psycopg.Connection[Any], delivery_id: str) -> bool:
-        """Send a delivery again (its attempts start over); False if there is none."""
+    def replay(
+        self, conn: psycopg.Connection[Any], delivery_id: str, webhook_id: str | None = None
+    ) -> bool:
+        """Send a delivery again (its attempts start over); False if there is none (of
+        `webhook_id`, when given)."""
+        params = {"delivery_id": delivery_id, "webhook_id": webhook_id}
         with conn.transaction():
-            row = conn.execute(query("replay_delivery"), {"delivery_id": delivery_id}).fetchone()
+            row = conn.execute(query("replay_delivery"), params).fetchone()
         if row is not None:
             self.enqueue([delivery_id])
         return row is not None
@@ -198,7 +204,9 @@ class Dispatcher:
             self._requeue_stalled(conn)
         return queued
 
-    def _source(self, conn: psycopg.Connection[Any], source: str, hooks: list[Webhook], count: int) -> int:
+    def _source(
+        self, conn: psycopg.Connection[Any], source: str, hooks: list[Webhook], count: int
+    ) -> int:
         reader = self._readers.get(source)
         if reader is None:
             reader = Notifications(self.client, source, group=GROUP, consumer=self.consumer)
@@ -217,7 +225,9 @@ class Dispatcher:
         return len(rows)
 
     def _requeue_stalled(self, conn: psycopg.Connection[Any]) -> None:
-        rows = conn.execute(query("stalled_deliveries"), {"grace": STALLED_S, "limit": 500}).fetchall()
+        rows = conn.execute(
+            query("stalled_deliveries"), {"grace": STALLED_S, "limit": 500}
+        ).fetchall()
         conn.rollback()
         if rows:
             log.info("stalled webhook deliveries queued again", count=len(rows))
@@ -236,6 +246,17 @@ def _insert(conn: psycopg.Connection[Any], hook: Webhook, notice: Notice) -> lis
 
 
 # -- one attempt ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Due(Delivery):
+    """A delivery with what sending it needs."""
+
+    payload: bytes
+    url: str
+    secret: str
+    deleted: bool
+
 
 Post = Callable[[str, dict[str, str], bytes, float], int]
 
@@ -282,16 +303,16 @@ def attempt(
 ) -> str:
     """Send one delivery once; records the attempt. Returns its status (`delivered`,
     `pending`: to retry, `failed`: the last attempt, `skipped`: nothing to do)."""
-    row = conn.execute(query("get_delivery"), {"delivery_id": delivery_id}).fetchone()
+    with conn.cursor(row_factory=class_row(_Due)) as cur:
+        row = cur.execute(query("get_delivery"), {"delivery_id": delivery_id}).fetchone()
     conn.rollback()
-    if row is None or row[5] != "pending" or row[14]:
+    if row is None or row.status != "pending" or row.deleted:
         return "skipped"  # delivered, failed for good, or its webhook was deleted
-    _, _, _, _, body, _, attempts, *_, url, secret, _ = row
-    code, error = _send(url, secret, delivery_id, bytes(body), policy, now, send)
+    code, error = _send(row.url, row.secret, delivery_id, bytes(row.payload), policy, now, send)
     ok = code is not None and 200 <= code < 300
-    last = attempts + 1 >= policy.attempts
+    last = row.attempts + 1 >= policy.attempts
     status = "delivered" if ok else ("failed" if last else "pending")
-    retry_in = BACKOFF_S[min(attempts, len(BACKOFF_S) - 1)]
+    retry_in = BACKOFF_S[min(row.attempts, len(BACKOFF_S) - 1)]
     params = {
         "delivery_id": delivery_id,
         "status": status,
