@@ -41,6 +41,7 @@ class Endpoint:
     status: int = 200
     stream: bool = False  # text/event-stream
     refusable: bool = False  # may answer 409 (a refused session request)
+    findable: bool = False  # may answer 404 (a webhook or delivery it names is unknown)
     large: bool = False  # its body may be up to CONTEXTLOG_API_MAX_IMPORT
     agent_wide: bool = False  # scoped by agent only; the handler checks channels
     idempotent: bool = False  # takes an Idempotency-Key header
@@ -80,6 +81,8 @@ def _responses(e: Endpoint) -> dict[str, Any]:
         out["401"] = _problem("no key, an unknown key or a revoked one")
         out["403"] = _problem("the key lacks the right, or is not scoped to this agent/channel")
         out["429"] = {**_problem("over the key's request rate"), "headers": _retry_after()}
+    if e.findable:
+        out["404"] = _problem("no such webhook or delivery (for this key)")
     if e.refusable:
         out["409"] = _problem("refused by the library (`Refused`): an unknown session, ...")
     out["422"] = _problem("the request does not fit the contract (`EventRejected`, ...)")
