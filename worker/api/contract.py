@@ -16,8 +16,8 @@ import msgspec
 from contextlog.schema import codec, notices
 from contextlog.schema.events import AnyEvent
 from contextlog.schema.notices import Notice
-from contextlog.worker.api.routes import ENDPOINTS
-from contextlog.worker.api.spec import document, dumps
+from contextlog.worker.api.routes import openapi_document
+from contextlog.worker.api.spec import dumps
 
 DRAFT: Final = "https://json-schema.org/draft/2020-12/schema"
 
@@ -49,7 +49,7 @@ def files() -> dict[str, bytes]:
         "`contextlog:out:{source}`; read it through a consumer group, at least once.",
     )
     return {
-        "openapi.json": dumps(document(ENDPOINTS)),
+        "openapi.json": dumps(openapi_document()),
         "stream-entry.schema.json": dumps(entries),
         "notice.schema.json": dumps(notice),
     }

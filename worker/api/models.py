@@ -22,10 +22,18 @@ Name = Annotated[str, Meta(min_length=1, max_length=200, description=_NAME_DOC)]
 Aware = Annotated[dt.datetime, Meta(tz=True)]
 Block = Annotated[
     msgspec.Raw,
-    Meta(extra_json_schema={"type": "object", "description": "an Anthropic content block"}),
+    Meta(
+        extra_json_schema={
+            "type": "object",
+            "additionalProperties": True,
+            "description": "an Anthropic content block",
+        }
+    ),
 ]
 Blocks = Annotated[list[Block], Meta(min_length=1)]
-Json = Annotated[dict[str, Any], Meta(extra_json_schema={"type": "object"})]
+Json = Annotated[
+    dict[str, Any], Meta(extra_json_schema={"type": "object", "additionalProperties": True})
+]
 Message = Annotated[
     dict[str, Any],
     Meta(
@@ -33,9 +41,13 @@ Message = Annotated[
             "type": "object",
             "description": "an Anthropic MessageParam",
             "required": ["role", "content"],
+            "additionalProperties": True,
             "properties": {
                 "role": {"type": "string"},
-                "content": {"type": "array", "items": {"type": "object"}},
+                "content": {
+                    "type": "array",
+                    "items": {"type": "object", "additionalProperties": True},
+                },
             },
         }
     ),
@@ -307,12 +319,6 @@ class Acked(Struct, kw_only=True):
     """How many stream entries were acknowledged."""
 
     acked: int
-
-
-class NoticeOut(Struct, kw_only=True):
-    """The `data` of a notification event (its `id` is the stream entry id)."""
-
-    notice: nt.Notice
 
 
 class Health(Struct, kw_only=True):

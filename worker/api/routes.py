@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from functools import cache
-from typing import Final
+from typing import Any, Final
 
 from starlette.responses import Response
 
+from contextlog.schema.notices import Notice
 from contextlog.worker.api import admin, conversations, notifications, sessions
 from contextlog.worker.api import models as m
 from contextlog.worker.api.app import JSON, Call
@@ -26,7 +27,12 @@ async def openapi(call: Call) -> Response:
 
 @cache
 def _document() -> bytes:
-    return dumps(document(ENDPOINTS))
+    return dumps(openapi_document())
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI document of `ENDPOINTS` (with the Notice its event stream carries)."""
+    return document(ENDPOINTS, extra=(Notice,))
 
 
 ENDPOINTS: Final = (

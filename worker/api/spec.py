@@ -62,8 +62,8 @@ def _responses(e: Endpoint) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if e.stream:
         out[str(e.status)] = {
-            "description": "server-sent events: `id` the stream entry, `event` the notice "
-            "kind, `data` the notice as JSON",
+            "description": "server-sent events: `id` the stream entry, `data` a Notice "
+            "as JSON (`event: error` and a Problem if the server lost Redis)",
             "content": {"text/event-stream": {"schema": {"type": "string"}}},
         }
     elif e.response is None:
@@ -149,9 +149,10 @@ def _operation(e: Endpoint, components: dict[str, Any]) -> dict[str, Any]:
     return op
 
 
-def document(endpoints: Sequence[Endpoint]) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of `endpoints`."""
-    types = {Problem}
+def document(endpoints: Sequence[Endpoint], extra: Sequence[Any] = ()) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of `endpoints`; `extra` types are added to its schemas
+    (what a stream's events carry)."""
+    types = {Problem, *extra}
     for e in endpoints:
         types |= {t for t in (e.body, e.query, e.response) if t is not None}
     ordered = sorted(types, key=lambda t: t.__name__)
