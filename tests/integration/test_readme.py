@@ -4,7 +4,11 @@ lines `make run` prints give them), and a local Messages API in ANTHROPIC_BASE_U
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,14 +17,45 @@ import psycopg
 import pytest
 
 from contextlog.producers.ids import derived_id
+from tests.support.api import make_key
 from tests.support.fake_anthropic import FakeAPIServer
-from tests.support.running import running, settings_for
+from tests.support.processes import Process, offline_env
+from tests.support.running import eventually, running, settings_for
+from tests.support.servers import free_port
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/v1/health", timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
 def python_blocks() -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", README.read_text(), re.S | re.M)
+
+
+def api_shell_blocks() -> list[str]:
+    """The shell snippets of the HTTP API's section (keys, curl)."""
+    blocks = re.findall(r"^```sh\n(.*?)^```", README.read_text(), re.S | re.M)
+    return [b for b in blocks if "CONTEXTLOG_URL" in b or "contextlog keys" in b]
+
+
+@pytest.fixture
+def http_api(db: str, redis_url: str, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """A `contextlog api` process on the test's servers: its URL and a key."""
+    port = free_port()
+    env = offline_env(db, redis_url, CONTEXTLOG_API_PORT=str(port), CONTEXTLOG_LOG_LEVEL="warning")
+    api = Process("api", env, tmp_path / "api.log").start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        eventually(lambda: healthy(url), timeout=30, what=f"contextlog api\n{api.tail()}")
+        yield url, make_key(db, ["mybot"], "post,read,sessions")
+    finally:
+        api.stop()
 
 
 @pytest.fixture
@@ -31,7 +66,11 @@ def api() -> Iterator[FakeAPIServer]:
 
 
 def test_the_readme_snippets_run_as_written(
-    db: str, redis_url: str, api: FakeAPIServer, monkeypatch: pytest.MonkeyPatch
+    db: str,
+    redis_url: str,
+    api: FakeAPIServer,
+    http_api: tuple[str, str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     blocks = python_blocks()
     assert len(blocks) >= 4  # the bot, the producer, reading context, sessions
@@ -41,12 +80,24 @@ def test_the_readme_snippets_run_as_written(
         "CONTEXTLOG_SHARDS": "4",
         "ANTHROPIC_API_KEY": "sk-test",
         "ANTHROPIC_BASE_URL": api.url,
+        "CONTEXTLOG_URL": http_api[0],
+        "CONTEXTLOG_KEY": http_api[1],
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }.items():
         monkeypatch.setenv(name, value)
     ns: dict[str, Any] = {"__name__": "readme"}
     with running(settings_for(db, redis_url)):
         for i, block in enumerate(blocks, 1):
             exec(compile(block, f"README.md, python block {i}", "exec"), ns)
+        for block in api_shell_blocks():
+            done = subprocess.run(
+                ["bash", "-euo", "pipefail", "-c", block],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert done.returncode == 0, f"{block}\n{done.stderr}"
+            assert "clk_" in done.stdout or '"messages"' in done.stdout, done.stdout
         # The 15-line bot: a platform that re-delivers a message gets the same answer,
         # and the conversation holds each message once.
         first = ns["on_message"]("general", "ada", "Hi, what did we decide?", "m-1")
@@ -68,6 +119,7 @@ def test_the_readme_snippets_run_as_written(
     assert [m["role"] for m in ctx.messages] == ["user", "assistant", "user"]
     with psycopg.connect(db) as conn:
         rows = conn.execute(
-            "SELECT payload->>'role' FROM events WHERE agent = 'mybot' ORDER BY seq"
+            "SELECT payload->>'role' FROM events WHERE agent = 'mybot' AND channel = 'general'"
+            " ORDER BY seq"
         ).fetchall()
     assert [r[0] for r in rows] == ["user", "assistant", "user"]

@@ -48,3 +48,4 @@ class Services:
         await self.redis.aclose()
         self.sync_reader.close()
         self.sync_producer.close()
+        self.deliveries.queue.connection.close()

@@ -1,13 +1,16 @@
 /** The client against a real `contextlog api`, ingest and worker (tests/support/api_server.py). */
 import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { readFileSync, writeFileSync } from "node:fs";
 import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
+import { resolve } from "node:path";
 import { after, before, test } from "node:test";
 
 import type { MessageParam } from "@anthropic-ai/sdk/resources/messages";
 
 import { ContextlogClient, ContextlogError, verifyWebhook } from "../src/index.js";
-import { deploy, type Deployment } from "./helpers.js";
+import { deploy, fakeAnthropic, PACKAGE, ROOT, text, type Deployment } from "./helpers.js";
 
 let server: Deployment | undefined;
 let skip: string | false = false;
@@ -93,5 +96,29 @@ test("sessions: save, list, export, import, restore, notices, purge; a webhook o
   } finally {
     await client.deleteWebhook(hook.webhook_id);
     hooks.close();
+  }
+});
+
+test("the README's TypeScript snippet runs as written", async (t) => {
+  if (skip) return t.skip(skip);
+  const readme = readFileSync(resolve(ROOT, "README.md"), "utf8");
+  const snippet = /^```ts\n([\s\S]*?)^```/m.exec(readme)![1]!;
+  const file = resolve(PACKAGE, "dist/readme_snippet.mjs"); // beside node_modules
+  writeFileSync(file, snippet.replace('"@contextlog/client"', JSON.stringify(resolve(PACKAGE, "dist/src/index.js"))));
+  const claude = await fakeAnthropic(() => "Ada owns it.");
+  try {
+    const child = spawn(process.execPath, [file], {
+      env: { ...process.env, CONTEXTLOG_URL: server!.url, CONTEXTLOG_KEY: server!.key, ANTHROPIC_BASE_URL: claude.url, ANTHROPIC_API_KEY: "sk-ant-test" },
+    });
+    let out = "";
+    let err = "";
+    child.stdout.on("data", (c) => (out += c));
+    child.stderr.on("data", (c) => (err += c));
+    const code = await new Promise((done) => child.once("exit", done));
+    assert.equal(code, 0, err);
+    assert.match(out, /^session_saved saved session/);
+    assert.equal(text(claude.requests[0]!.messages.at(-1)!.content), "Who owns the launch checklist?");
+  } finally {
+    await claude.close();
   }
 });
