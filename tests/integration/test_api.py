@@ -86,6 +86,25 @@ def test_a_turn_reads_what_the_library_reads(api: Api, token: str, db: str) -> N
     )
 
 
+def test_a_turn_in_one_request(api: Api, token: str, db: str) -> None:
+    say(api, token, "earlier")
+    body = {"role": "user", "content": "and now?", "source": "t", "system": "Be brief."}
+    r = post(api, token, CONV + "/turn", body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    reader = ContextReader.from_url(db)
+    try:
+        expected = reader.context(A, C).to_anthropic(system="Be brief.")
+    finally:
+        reader.close()
+    assert (
+        out["request"] == expected
+        and out["request"]["messages"][-1]["content"][-1]["text"] == "and now?"
+    )
+    poster = make_key(db, [A], "post")
+    assert post(api, poster, CONV + "/turn", body).status_code == 403  # needs read too
+
+
 def test_posts_are_idempotent_by_external_id_or_idempotency_key(
     api: Api, token: str, db: str
 ) -> None:

@@ -100,6 +100,23 @@ async def context(call: Call) -> m.ContextOut:
     return m.ContextOut.from_context(await _read(call, q.thread, q.wait_for, q.timeout))
 
 
+async def turn(call: Call) -> m.TurnOut:
+    """Post a message and read its thread's `messages.create` request once it is stored:
+    a bot's turn in one round trip (the key needs `read` besides `post`)."""
+    b: m.TurnIn = call.body
+    call.api_key.check("read", call.agent, call.channel)
+    posted = await send_one(call, "message", b)
+    ctx = await _read(call, b.thread, posted.event_id, b.timeout)
+    kwargs = ctx.to_anthropic(system=b.system, tools=b.tools, cache=b.cache)
+    return m.TurnOut(
+        event_id=posted.event_id,
+        request=m.AnthropicRequest(**kwargs),
+        token_estimate=ctx.token_estimate,
+        truncated=ctx.truncated,
+        compacted=ctx.compacted,
+    )
+
+
 async def request(call: Call) -> m.RequestOut:
     """`Context.to_anthropic(system=, tools=, cache=)`: the keyword arguments of
     `messages.create` (besides model and max_tokens), the bot's system and tools first."""

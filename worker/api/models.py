@@ -231,6 +231,27 @@ class RequestOut(Struct, kw_only=True):
     compacted: bool
 
 
+class TurnIn(MessageIn, kw_only=True):
+    """A bot's turn in one request: post this message, wait until it is stored (up to
+    `timeout` seconds), and answer the `messages.create` request of its thread, with the
+    bot's own `system` and `tools` first (`Context.to_anthropic`)."""
+
+    timeout: Annotated[float, Meta(ge=0, le=30)] = 2.0
+    system: str | list[Json] | None = None
+    tools: list[Json] | None = None
+    cache: bool = False
+
+
+class TurnOut(Struct, kw_only=True):
+    """The posted message's event id, and the request of the context that ends with it."""
+
+    event_id: str
+    request: AnthropicRequest
+    token_estimate: int
+    truncated: bool
+    compacted: bool
+
+
 class ContextQuery(Struct, kw_only=True, forbid_unknown_fields=True):
     """Query of a context read: which thread, and an event to wait for first."""
 

@@ -27,9 +27,11 @@ const claude = new Anthropic();
 let lastEvent: string | undefined; // read our own writes: the next context waits for it
 
 async function turn(line: string): Promise<string> {
-  const asked = await memory.postMessage(agent, channel, { role: "user", content: line, source });
-  const { request } = await memory.request(agent, channel, {
-    waitFor: asked,
+  // One round trip: post the user's message, get the request once it is stored.
+  const { request } = await memory.turn(agent, channel, {
+    role: "user",
+    content: line,
+    source,
     system: "You are a helpful assistant.",
     cache: true,
   });

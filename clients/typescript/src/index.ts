@@ -45,6 +45,7 @@ export type AnthropicRequest = {
   tools?: ToolUnion[];
 };
 export type RequestOut = Omit<Schemas["RequestOut"], "request"> & { request: AnthropicRequest };
+export type TurnOut = Omit<Schemas["TurnOut"], "request"> & { request: AnthropicRequest };
 
 /** What the API refused, as its problem detail says. */
 export class ContextlogError extends Error {
@@ -200,6 +201,19 @@ export class ContextlogClient {
       idempotency(options),
     );
     return out.event_id;
+  }
+
+  /**
+   * A bot's turn in one round trip: post the user's message, wait until it is stored, and
+   * get the `messages.create` request of its thread (spread `request` into the call).
+   */
+  turn(
+    agent: string,
+    channel: string,
+    message: MessageIn & { system?: string | TextBlockParam[]; tools?: ToolUnion[]; cache?: boolean; timeout?: number },
+    options: SendOptions = {},
+  ): Promise<TurnOut> {
+    return this.call("POST", `${this.conv(agent, channel)}/turn`, message, idempotency(options));
   }
 
   /** Messages and commands of any conversations, in order, in one request. */

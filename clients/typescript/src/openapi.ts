@@ -45,6 +45,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/agents/{agent}/channels/{channel}/turn": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Post a message and read the request it ends
+         * @description Post a message and read its thread's `messages.create` request once it is stored:
+         *         a bot's turn in one round trip (the key needs `read` besides `post`).
+         */
+        post: operations["turn"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/agents/{agent}/channels/{channel}/context": {
         parameters: {
             query?: never;
@@ -1073,6 +1094,51 @@ export interface components {
             effects_waiting?: number;
         };
         /**
+         * TurnIn
+         * @description A bot's turn in one request: post this message, wait until it is stored (up to
+         *         `timeout` seconds), and answer the `messages.create` request of its thread, with the
+         *         bot's own `system` and `tools` first (`Context.to_anthropic`).
+         */
+        TurnIn: {
+            /** @default null */
+            thread?: string | null;
+            /** @default null */
+            sender?: string | null;
+            /** @default null */
+            source?: string | null;
+            /** @default null */
+            external_id?: string | null;
+            /** @default null */
+            occurred_at?: string | null;
+            role: string;
+            content: string | {
+                [key: string]: unknown;
+            }[];
+            /** @default 2 */
+            timeout?: number;
+            /** @default null */
+            system?: string | {
+                [key: string]: unknown;
+            }[] | null;
+            /** @default null */
+            tools?: {
+                [key: string]: unknown;
+            }[] | null;
+            /** @default false */
+            cache?: boolean;
+        };
+        /**
+         * TurnOut
+         * @description The posted message's event id, and the request of the context that ends with it.
+         */
+        TurnOut: {
+            event_id: string;
+            request: components["schemas"]["AnthropicRequest"];
+            token_estimate: number;
+            truncated: boolean;
+            compacted: boolean;
+        };
+        /**
          * WebhookIn
          * @description Deliver the notices of `kinds` on `source`'s stream, of these agents (default: the
          *         key's) and channels (default: all), signed per Standard Webhooks, to `url`.
@@ -1238,6 +1304,103 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["BatchAccepted"];
+                };
+            };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description no key, an unknown key or a revoked one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the key lacks the right, or is not scoped to this agent/channel */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body is over the size limit, or an event over its cap */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the request does not fit the contract (`EventRejected`, ...) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description over the key's request rate */
+            429: {
+                headers: {
+                    /** @description seconds to wait */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Postgres or Redis unreachable, or a wait_for event not stored in time */
+            503: {
+                headers: {
+                    /** @description seconds to wait */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    turn: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description the request's external id when its body names none */
+                "Idempotency-Key"?: string;
+            };
+            path: {
+                agent: string;
+                channel: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["TurnIn"];
+            };
+        };
+        responses: {
+            /** @description done */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TurnOut"];
                 };
             };
             /** @description the body is not JSON */

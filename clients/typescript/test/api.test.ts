@@ -42,6 +42,9 @@ test("a turn: post, then read it back as MessageParam[]", async (t) => {
   const { request } = await client.request("alpha", "ts", { system: "Be brief.", cache: true });
   assert.equal(request.messages.length, 2);
   assert.ok(Array.isArray(request.system) && request.system[0]!.text === "Be brief.");
+  const turn = await client.turn("alpha", "ts", { role: "user", content: "and now?", system: "Be brief." });
+  assert.equal(turn.request.system, "Be brief.");
+  assert.deepEqual(turn.request.messages.at(-1), { role: "user", content: [{ type: "text", text: "and now?" }] });
 });
 
 test("refusals are ContextlogErrors with the library's class", async (t) => {
