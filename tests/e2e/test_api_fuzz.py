@@ -5,7 +5,6 @@ content type, headers, body) matches the document."""
 from __future__ import annotations
 
 import os
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,10 +17,7 @@ from schemathesis import checks
 from schemathesis.specs.openapi import checks as openapi_checks
 
 from tests.support import services
-from tests.support.api import make_key
-from tests.support.processes import Process, offline_env
-from tests.support.running import eventually
-from tests.support.servers import free_port
+from tests.support.api import api_process, make_key
 
 pytestmark = pytest.mark.e2e
 
@@ -42,32 +38,14 @@ def live_api(
     services.flush_owned(client)
     services.truncate(database_url)
     token = make_key(database_url, ["*"], "post,read,sessions,admin")
-    port = free_port()
-    env = offline_env(
-        database_url,
-        redis_url,
-        CONTEXTLOG_API_PORT=str(port),
-        CONTEXTLOG_API_RATE="100000",
-        CONTEXTLOG_API_BURST="100000",
-        CONTEXTLOG_LOG_LEVEL="warning",
-    )
-    api = Process("api", env, Path(tmp_path_factory.mktemp("api")) / "api.log").start()
-    url = f"http://127.0.0.1:{port}"
+    log = Path(tmp_path_factory.mktemp("api")) / "api.log"
+    fast = {"CONTEXTLOG_API_RATE": "100000", "CONTEXTLOG_API_BURST": "100000"}
     try:
-        eventually(lambda: _healthy(url), timeout=30, what=f"contextlog api\n{api.tail()}")
-        yield url, token
+        with api_process(database_url, redis_url, log, **fast) as (url, _):
+            yield url, token
     finally:
-        api.stop()
         services.flush_owned(client)
         client.close()
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/v1/health", timeout=2) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,21 +16,11 @@ import psycopg
 import pytest
 
 from contextlog.producers.ids import derived_id
-from tests.support.api import make_key
+from tests.support.api import api_process, make_key
 from tests.support.fake_anthropic import FakeAPIServer
-from tests.support.processes import Process, offline_env
-from tests.support.running import eventually, running, settings_for
-from tests.support.servers import free_port
+from tests.support.running import running, settings_for
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/v1/health", timeout=2) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
 
 
 def python_blocks() -> list[str]:
@@ -47,15 +36,8 @@ def api_shell_blocks() -> list[str]:
 @pytest.fixture
 def http_api(db: str, redis_url: str, tmp_path: Path) -> Iterator[tuple[str, str]]:
     """A `contextlog api` process on the test's servers: its URL and a key."""
-    port = free_port()
-    env = offline_env(db, redis_url, CONTEXTLOG_API_PORT=str(port), CONTEXTLOG_LOG_LEVEL="warning")
-    api = Process("api", env, tmp_path / "api.log").start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        eventually(lambda: healthy(url), timeout=30, what=f"contextlog api\n{api.tail()}")
+    with api_process(db, redis_url, tmp_path / "api.log") as (url, _):
         yield url, make_key(db, ["mybot"], "post,read,sessions")
-    finally:
-        api.stop()
 
 
 @pytest.fixture

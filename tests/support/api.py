@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import http.server
 import threading
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -19,6 +21,9 @@ from contextlog.worker.api.routes import ENDPOINTS
 from contextlog.worker.api.services import Services
 from contextlog.worker.app import bootstrap
 from contextlog.worker.app.config import Settings
+from tests.support.processes import Process, offline_env
+from tests.support.running import eventually
+from tests.support.servers import free_port
 
 
 def make_key(
@@ -51,6 +56,37 @@ def serving(settings: Settings) -> Iterator[Api]:
     app = build_app(services, ENDPOINTS)
     with TestClient(app, raise_server_exceptions=False) as client:
         yield Api(client, services, settings)
+
+
+def healthy(url: str) -> bool:
+    """Whether a `contextlog api` answers its health check at `url`."""
+    try:
+        with urllib.request.urlopen(url + "/v1/health", timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+@contextmanager
+def api_process(
+    database_url: str, redis_url: str, log: Path, **extra: str
+) -> Iterator[tuple[str, Process]]:
+    """A `contextlog api` process (as in the Procfile) on a free port, once it answers."""
+    port = free_port()
+    env = offline_env(
+        database_url,
+        redis_url,
+        CONTEXTLOG_API_PORT=str(port),
+        CONTEXTLOG_LOG_LEVEL="warning",
+        **extra,
+    )
+    api = Process("api", env, log).start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        eventually(lambda: healthy(url), timeout=60, what=f"contextlog api\n{api.tail()}")
+        yield url, api
+    finally:
+        api.stop()
 
 
 @dataclass

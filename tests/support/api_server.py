@@ -14,22 +14,11 @@ import json
 import os
 import sys
 import tempfile
-import urllib.request
 from pathlib import Path
 
 from tests.support import services
-from tests.support.api import make_key
-from tests.support.processes import Process, offline_env
-from tests.support.running import eventually
-from tests.support.servers import free_port
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/v1/health", timeout=2) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
+from tests.support.api import api_process, make_key
+from tests.support.processes import Process
 
 
 def _skip(reason: str) -> int:
@@ -49,32 +38,29 @@ def main() -> int:
     except BaseException as e:  # pytest's skip/fail outcomes and services.NotOurs alike
         return _skip(f"servers unusable: {e}")
     logs = Path(tempfile.mkdtemp(prefix="contextlog-ts-"))
-    port = free_port()
-    env = offline_env(
-        database_url,
-        redis_url,
-        CONTEXTLOG_API_PORT=str(port),
-        CONTEXTLOG_BLOCK_MS="50",
-        CONTEXTLOG_LOG_LEVEL="warning",
-        CONTEXTLOG_LOG_FORMAT="console",
-        CONTEXTLOG_WEBHOOK_ALLOW_PRIVATE="true",
-        CONTEXTLOG_API_RATE="1000",
-        CONTEXTLOG_API_BURST="1000",
-    )
-    procs = [Process(cmd, env, logs / f"{cmd}.log") for cmd in ("ingest", "worker", "api")]
+    extra = {
+        "CONTEXTLOG_BLOCK_MS": "50",
+        "CONTEXTLOG_LOG_FORMAT": "console",
+        "CONTEXTLOG_WEBHOOK_ALLOW_PRIVATE": "true",
+        "CONTEXTLOG_API_RATE": "1000",
+        "CONTEXTLOG_API_BURST": "1000",
+    }
     try:
-        procs[2].start()  # the api migrates the database first
-        url = f"http://127.0.0.1:{port}"
-        eventually(lambda: _healthy(url), timeout=60, what=f"contextlog api\n{procs[2].tail()}")
-        procs[0].start()
-        procs[1].start()
-        key = make_key(database_url, ["*"], "post,read,sessions,admin")
-        narrow = make_key(database_url, ["alpha"], "post,read")
-        print(json.dumps({"url": url, "key": key, "narrow": narrow, "logs": str(logs)}), flush=True)
-        sys.stdin.read()  # until the test closes it (or dies)
+        # The api migrates the database before it answers; then ingest and worker.
+        with api_process(database_url, redis_url, logs / "api.log", **extra) as (url, api):
+            others = [Process(cmd, api.env, logs / f"{cmd}.log") for cmd in ("ingest", "worker")]
+            try:
+                for p in others:
+                    p.start()
+                key = make_key(database_url, ["*"], "post,read,sessions,admin")
+                narrow = make_key(database_url, ["alpha"], "post,read")
+                info = {"url": url, "key": key, "narrow": narrow, "logs": str(logs)}
+                print(json.dumps(info), flush=True)
+                sys.stdin.read()  # until the test closes it (or dies)
+            finally:
+                for p in others:
+                    p.stop()
     finally:
-        for p in procs:
-            p.stop()
         services.flush_owned(client)
         client.close()
         services.drop_database(base, name)

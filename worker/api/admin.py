@@ -58,16 +58,8 @@ def _visible(key: ApiKey, hook: hooks.Webhook) -> bool:
 
 
 def _out(hook: hooks.Webhook, secret: bool = False) -> m.WebhookOut:
-    out = m.WebhookOut(
-        webhook_id=hook.webhook_id,
-        url=hook.url,
-        source=hook.source,
-        kinds=hook.kinds,
-        agents=hook.agents,
-        channels=hook.channels,
-        created_at=hook.created_at,
-    )
-    return msgspec.structs.replace(out, secret=hook.secret) if secret else out
+    out = msgspec.convert(hook, m.WebhookOut, from_attributes=True)
+    return out if secret else msgspec.structs.replace(out, secret=msgspec.UNSET)
 
 
 def _scope(key: ApiKey, body: m.WebhookIn) -> tuple[list[str], list[str] | None]:
@@ -158,9 +150,7 @@ async def list_deliveries(call: Call) -> m.DeliveryList:
             return hooks.deliveries(conn, hook.webhook_id, q.status, q.limit)
 
     rows = await run_in_threadpool(load)
-    return m.DeliveryList(
-        deliveries=[msgspec.convert(r, m.DeliveryOut, from_attributes=True) for r in rows]
-    )
+    return m.DeliveryList(deliveries=rows)
 
 
 async def replay_delivery(call: Call) -> m.Replayed:

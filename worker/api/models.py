@@ -15,7 +15,9 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from contextlog.producers.context import Context
+from contextlog.producers.history import SessionInfo
 from contextlog.schema import notices as nt
+from contextlog.worker.tasks.webhooks import Delivery
 
 _NAME_DOC = "1-200 characters, no control characters"
 Name = Annotated[str, Meta(min_length=1, max_length=200, description=_NAME_DOC)]
@@ -276,31 +278,10 @@ class PageQuery(Struct, kw_only=True, forbid_unknown_fields=True):
     per_page: Annotated[int, Meta(ge=1, le=100)] = 10
 
 
-class SessionOut(Struct, kw_only=True):
-    """A saved session (`summary` is null while it is being written)."""
-
-    session_id: str
-    agent: str
-    channel: str
-    created_at: Aware
-    description: str | None
-    summary: str | None
-    message_count: int
-    token_estimate: int
-    auto: bool
-    preview: str
-    summary_local: bool
-    summary_failed: bool
-    provider: str | None
-    model: str | None
-    window_start: Aware | None
-    window_end: Aware | None
-
-
 class SessionPageOut(Struct, kw_only=True):
     """A page of sessions, newest first."""
 
-    sessions: list[SessionOut]
+    sessions: list[SessionInfo]
     page: int
     per_page: int
     total: int
@@ -383,26 +364,10 @@ class WebhookList(Struct, kw_only=True):
     webhooks: list[WebhookOut]
 
 
-class DeliveryOut(Struct, kw_only=True):
-    """One notice to one webhook: `delivery_id` is the `webhook-id` header it is sent with."""
-
-    delivery_id: str
-    webhook_id: str
-    notice_id: str
-    kind: str
-    status: str
-    attempts: int
-    last_status: int | None
-    last_error: str | None
-    created_at: Aware
-    updated_at: Aware
-    delivered_at: Aware | None
-
-
 class DeliveryList(Struct, kw_only=True):
     """A webhook's deliveries, newest first."""
 
-    deliveries: list[DeliveryOut]
+    deliveries: list[Delivery]
 
 
 class Replayed(Struct, kw_only=True):

@@ -7,6 +7,7 @@ from typing import Any, Final
 
 from starlette.responses import Response
 
+from contextlog.producers.history import SessionInfo
 from contextlog.schema.notices import Notice
 from contextlog.worker.api import admin, conversations, notifications, sessions
 from contextlog.worker.api import models as m
@@ -76,7 +77,7 @@ ENDPOINTS: Final = (
              "Keep only the newest sessions", "sessions", "sessions", body=m.PurgeIn,
              response=m.Accepted, status=202, idempotent=True),
     Endpoint("GET", SESSION, "getSession", sessions.show_session, "Show a saved session",
-             "sessions", "sessions", response=m.SessionOut, refusable=True),
+             "sessions", "sessions", response=SessionInfo, refusable=True),
     Endpoint("DELETE", SESSION, "deleteSession", sessions.delete_session,
              "Delete a saved session", "sessions", "sessions", body=m.ClearIn,
              response=m.Accepted, status=202, idempotent=True),

@@ -17,11 +17,6 @@ from contextlog.worker.api.problems import ApiError
 from contextlog.worker.store import archive
 
 
-def session_out(info: SessionInfo) -> m.SessionOut:
-    """A session as the API shows it."""
-    return msgspec.convert(info, m.SessionOut, from_attributes=True)
-
-
 async def list_sessions(call: Call) -> m.SessionPageOut:
     """An agent's saved sessions (of one channel with `channel`), newest first."""
     q: m.PageQuery = call.query
@@ -29,7 +24,7 @@ async def list_sessions(call: Call) -> m.SessionPageOut:
         call.agent, q.channel, page=q.page, per_page=q.per_page
     )
     return m.SessionPageOut(
-        sessions=[session_out(s) for s in page.sessions],
+        sessions=page.sessions,
         page=page.page,
         per_page=page.per_page,
         total=page.total,
@@ -37,12 +32,11 @@ async def list_sessions(call: Call) -> m.SessionPageOut:
     )
 
 
-async def show_session(call: Call) -> m.SessionOut:
+async def show_session(call: Call) -> SessionInfo:
     """One saved session of this conversation (409 `refused` if there is none)."""
-    info = await call.services.reader.session(
+    return await call.services.reader.session(
         call.path["session_id"], agent=call.agent, channel=call.channel
     )
-    return session_out(info)
 
 
 def _named(call: Call) -> m.RestoreIn:

@@ -27,7 +27,7 @@ export type MessageIn = Omit<Schemas["MessageIn"], "content" | "role"> & {
 export type Common = Schemas["ClearIn"];
 export type Settings = Schemas["SettingsOut"];
 export type SettingsIn = Schemas["SettingsIn"];
-export type Session = Schemas["SessionOut"];
+export type Session = Schemas["SessionInfo"];
 export type SessionPage = Schemas["SessionPageOut"];
 export type ExportedSession = Schemas["ExportedSession"];
 export type BatchItem = Schemas["BatchIn"]["items"][number];
@@ -36,7 +36,7 @@ export type Health = Schemas["Health"];
 export type Status = Schemas["Status"];
 export type WebhookIn = Schemas["WebhookIn"];
 export type Webhook = Schemas["WebhookOut"];
-export type Delivery = Schemas["DeliveryOut"];
+export type Delivery = Schemas["Delivery"];
 export type Context = Omit<Schemas["ContextOut"], "messages"> & { messages: MessageParam[] };
 /** Spread into `messages.create({ model, max_tokens, ...request })`. */
 export type AnthropicRequest = {

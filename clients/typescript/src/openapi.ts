@@ -639,17 +639,10 @@ export interface components {
             channel: string;
         };
         /**
-         * DeliveryList
-         * @description A webhook's deliveries, newest first.
+         * Delivery
+         * @description One notice to one webhook, as listed (`webhook_deliveries` row).
          */
-        DeliveryList: {
-            deliveries: components["schemas"]["DeliveryOut"][];
-        };
-        /**
-         * DeliveryOut
-         * @description One notice to one webhook: `delivery_id` is the `webhook-id` header it is sent with.
-         */
-        DeliveryOut: {
+        Delivery: {
             delivery_id: string;
             webhook_id: string;
             notice_id: string;
@@ -658,11 +651,16 @@ export interface components {
             attempts: number;
             last_status: number | null;
             last_error: string | null;
-            /** Format: date-time */
             created_at: string;
-            /** Format: date-time */
             updated_at: string;
             delivered_at: string | null;
+        };
+        /**
+         * DeliveryList
+         * @description A webhook's deliveries, newest first.
+         */
+        DeliveryList: {
+            deliveries: components["schemas"]["Delivery"][];
         };
         /**
          * ExportedMessage
@@ -961,14 +959,13 @@ export interface components {
             channel: string;
         };
         /**
-         * SessionOut
-         * @description A saved session (`summary` is null while it is being written).
+         * SessionInfo
+         * @description One saved session (`summary` is None while its summary is being written).
          */
-        SessionOut: {
+        SessionInfo: {
             session_id: string;
             agent: string;
             channel: string;
-            /** Format: date-time */
             created_at: string;
             description: string | null;
             summary: string | null;
@@ -976,19 +973,25 @@ export interface components {
             token_estimate: number;
             auto: boolean;
             preview: string;
-            summary_local: boolean;
-            summary_failed: boolean;
-            provider: string | null;
-            model: string | null;
-            window_start: string | null;
-            window_end: string | null;
+            /** @default false */
+            summary_local?: boolean;
+            /** @default false */
+            summary_failed?: boolean;
+            /** @default null */
+            provider?: string | null;
+            /** @default null */
+            model?: string | null;
+            /** @default null */
+            window_start?: string | null;
+            /** @default null */
+            window_end?: string | null;
         };
         /**
          * SessionPageOut
          * @description A page of sessions, newest first.
          */
         SessionPageOut: {
-            sessions: components["schemas"]["SessionOut"][];
+            sessions: components["schemas"]["SessionInfo"][];
             page: number;
             per_page: number;
             total: number;
@@ -2301,7 +2304,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["SessionOut"];
+                    "application/json": components["schemas"]["SessionInfo"];
                 };
             };
             /** @description no key, an unknown key or a revoked one */

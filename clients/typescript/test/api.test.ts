@@ -1,33 +1,21 @@
 /** The client against a real `contextlog api`, ingest and worker (tests/support/api_server.py). */
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
 import { readFileSync, writeFileSync } from "node:fs";
 import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { resolve } from "node:path";
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 
 import type { MessageParam } from "@anthropic-ai/sdk/resources/messages";
 
 import { ContextlogClient, ContextlogError, verifyWebhook } from "../src/index.js";
-import { deploy, fakeAnthropic, PACKAGE, ROOT, text, type Deployment } from "./helpers.js";
+import { fakeAnthropic, PACKAGE, ROOT, runNode, text, useDeployment } from "./helpers.js";
 
-let server: Deployment | undefined;
-let skip: string | false = false;
-let client: ContextlogClient;
-
-before(async () => {
-  const got = await deploy();
-  if (typeof got === "string") skip = got;
-  else {
-    server = got;
-    client = new ContextlogClient({ baseUrl: got.url, apiKey: got.key });
-  }
-});
-after(async () => server?.stop());
+const live = useDeployment();
 
 test("a turn: post, then read it back as MessageParam[]", async (t) => {
-  if (skip) return t.skip(skip);
+  if (live.skip) return t.skip(live.skip);
+  const client = live.client!;
   const first = await client.postMessage("alpha", "ts", { role: "user", content: "hello", source: "ts" });
   const again = await client.postMessage("alpha", "ts", { role: "user", content: "hello", source: "ts" }, { idempotencyKey: "k1" });
   const same = await client.postMessage("alpha", "ts", { role: "user", content: "hello", source: "ts" }, { idempotencyKey: "k1" });
@@ -48,16 +36,18 @@ test("a turn: post, then read it back as MessageParam[]", async (t) => {
 });
 
 test("refusals are ContextlogErrors with the library's class", async (t) => {
-  if (skip) return t.skip(skip);
+  if (live.skip) return t.skip(live.skip);
+  const client = live.client!;
   await assert.rejects(client.postMessage("alpha", "ts", { role: "robot", content: "x" }), (e: unknown) => e instanceof ContextlogError && e.status === 422 && e.error === "EventRejected");
-  const narrow = new ContextlogClient({ baseUrl: server!.url, apiKey: server!.narrow });
+  const narrow = new ContextlogClient({ baseUrl: live.server!.url, apiKey: live.server!.narrow });
   await assert.rejects(narrow.context("beta", "ts"), (e: unknown) => e instanceof ContextlogError && e.status === 403);
   await assert.rejects(narrow.sessions("alpha"), (e: unknown) => e instanceof ContextlogError && e.status === 403);
   await assert.rejects(client.session("alpha", "ts", "nope"), (e: unknown) => e instanceof ContextlogError && e.status === 409 && e.error === "Refused");
 });
 
 test("sessions: save, list, export, import, restore, notices, purge; a webhook on the way", async (t) => {
-  if (skip) return t.skip(skip);
+  if (live.skip) return t.skip(live.skip);
+  const client = live.client!;
   const received: Array<{ headers: Record<string, string | string[] | undefined>; body: string }> = [];
   const hooks = createServer((req, res) => {
     let body = "";
@@ -103,22 +93,20 @@ test("sessions: save, list, export, import, restore, notices, purge; a webhook o
 });
 
 test("the README's TypeScript snippet runs as written", async (t) => {
-  if (skip) return t.skip(skip);
+  if (live.skip) return t.skip(live.skip);
+  const client = live.client!;
   const readme = readFileSync(resolve(ROOT, "README.md"), "utf8");
   const snippet = /^```ts\n([\s\S]*?)^```/m.exec(readme)![1]!;
   const file = resolve(PACKAGE, "dist/readme_snippet.mjs"); // beside node_modules
   writeFileSync(file, snippet.replace('"@contextlog/client"', JSON.stringify(resolve(PACKAGE, "dist/src/index.js"))));
   const claude = await fakeAnthropic(() => "Ada owns it.");
   try {
-    const child = spawn(process.execPath, [file], {
-      env: { ...process.env, CONTEXTLOG_URL: server!.url, CONTEXTLOG_KEY: server!.key, ANTHROPIC_BASE_URL: claude.url, ANTHROPIC_API_KEY: "sk-ant-test" },
+    const out = await runNode(file, [], "", {
+      CONTEXTLOG_URL: live.server!.url,
+      CONTEXTLOG_KEY: live.server!.key,
+      ANTHROPIC_BASE_URL: claude.url,
+      ANTHROPIC_API_KEY: "sk-ant-test",
     });
-    let out = "";
-    let err = "";
-    child.stdout.on("data", (c) => (out += c));
-    child.stderr.on("data", (c) => (err += c));
-    const code = await new Promise((done) => child.once("exit", done));
-    assert.equal(code, 0, err);
     assert.match(out, /^session_saved saved session/);
     assert.equal(text(claude.requests[0]!.messages.at(-1)!.content), "Who owns the launch checklist?");
   } finally {

@@ -4,7 +4,10 @@ import { createServer, type IncomingMessage, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { dirname, resolve } from "node:path";
 import { createInterface } from "node:readline";
+import { after, before } from "node:test";
 import { fileURLToPath } from "node:url";
+
+import { ContextlogClient } from "../src/index.js";
 
 export const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "../../../..");
 export const PACKAGE = resolve(ROOT, "clients/typescript");
@@ -41,6 +44,44 @@ export async function deploy(): Promise<Deployment | string> {
         child.stdin!.end();
       }),
   };
+}
+
+export interface Live {
+  /** the deployment, once `before` ran (undefined when skipped) */
+  server?: Deployment;
+  /** a client of it with the every-right key */
+  client?: ContextlogClient;
+  /** why the tests skip (no servers), or false */
+  skip: string | false;
+}
+
+/** One deployment for a test file: started before its tests, stopped after them. */
+export function useDeployment(): Live {
+  const live: Live = { skip: false };
+  before(async () => {
+    const got = await deploy();
+    if (typeof got === "string") live.skip = got;
+    else {
+      live.server = got;
+      live.client = new ContextlogClient({ baseUrl: got.url, apiKey: got.key });
+    }
+  });
+  after(async () => live.server?.stop());
+  return live;
+}
+
+/** Run a node script as its own process (asynchronously, so servers of this process
+ * answer it); its standard output, or a rejection with its standard error. */
+export function runNode(file: string, args: string[], input: string, env: Record<string, string>): Promise<string> {
+  const child = spawn(process.execPath, [file, ...args], { env: { ...process.env, ...env } });
+  let stdout = "";
+  let stderr = "";
+  child.stdout.on("data", (c) => (stdout += c));
+  child.stderr.on("data", (c) => (stderr += c));
+  child.stdin.end(input);
+  return new Promise((done, fail) => {
+    child.once("exit", (code) => (code === 0 ? done(stdout) : fail(new Error(`${file} exited ${code}: ${stderr}`))));
+  });
 }
 
 function firstLine(child: ChildProcess): Promise<string> {
