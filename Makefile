@@ -34,7 +34,8 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP)
 	$(DEVENV) $(VENV)/bin/python -m tests.bench.run
 
-# The whole stack of the Procfile (ingest, worker, dashboard on 127.0.0.1:9181) under honcho.
+# The whole stack of the Procfile (ingest, worker, the HTTP API on 127.0.0.1:8420, dashboard on
+# 127.0.0.1:9181) under honcho.
 # It prints the embedded servers' URLs; closing its terminal or killing it stops everything.
 # Logs: the console form on a terminal (JSON lines into a file or pipe), without a time of
 # their own, as honcho stamps each line; a variable set by the caller wins.

@@ -64,6 +64,15 @@ def _entries(reply: Any) -> list[Entry]:
     return out
 
 
+def _entry_key(entry_id: str) -> tuple[int, int]:
+    """A stream entry id (`ms-seq`) as a sortable pair; anything else sorts first."""
+    ms, _, seq = entry_id.partition("-")
+    try:
+        return int(ms), int(seq or 0)
+    except ValueError:
+        return -1, -1
+
+
 def _missing_group(error: redis.ResponseError) -> bool:
     return "NOGROUP" in str(error)
 
@@ -100,9 +109,10 @@ class _Core:
         """Replay our pending entries on the next read (after `listen` was left)."""
         self._after = "0"
 
-    def _accept(self, entries: list[Entry]) -> tuple[list[Notice], list[str]]:
-        """The notices among `entries`, and the ids of entries to drop (acked unread)."""
-        notices: list[Notice] = []
+    def _pairs(self, entries: list[Entry]) -> tuple[list[tuple[str, Notice]], list[str]]:
+        """The notices among `entries` with their entry ids, and the ids of entries to
+        drop (acked unread)."""
+        pairs: list[tuple[str, Notice]] = []
         bad: list[str] = []
         for entry_id, fields in entries:
             notice = self._decode(entry_id, fields)
@@ -110,8 +120,17 @@ class _Core:
                 bad.append(entry_id)
                 continue
             self._unacked.setdefault(notice.notice_id, set()).add(entry_id)
-            notices.append(notice)
-        return notices, bad
+            pairs.append((entry_id, notice))
+        return pairs, bad
+
+    def _through(self, pending: Any, entry_id: str) -> list[str]:
+        """The ids of an XPENDING reply (this consumer's) at or before `entry_id`, which
+        are forgotten from the bookkeeping."""
+        ids = [_str(p["message_id"]) for p in pending]
+        done = [i for i in ids if _entry_key(i) <= _entry_key(entry_id)]
+        for entries in self._unacked.values():
+            entries.difference_update(done)
+        return done
 
     def _decode(self, entry_id: str, fields: Mapping[Any, Any]) -> Notice | None:
         # One bad entry must never stop an adapter: it is logged, acked and skipped.
@@ -163,13 +182,7 @@ class Notifications(_Core):
     ) -> list[Notice]:
         """Up to `count` notices: first our own unacknowledged ones, then new ones, waiting
         up to `block_ms` for them (None: do not wait; 0: wait forever). May be empty."""
-        with _translated("read"):
-            if self._after is not None:
-                entries = self._xread(self._after, count, None)
-                self._advance(entries, count)
-                if entries:
-                    return self._keep(entries)
-            return self._keep(self._xread(">", count, block_ms))
+        return [notice for _, notice in self.read_entries(count, block_ms)]
 
     def ack(self, notices: Iterable[Notice]) -> int:
         """Acknowledge handled notices so they are not delivered again; returns entries acked."""
@@ -178,6 +191,31 @@ class Notifications(_Core):
             return 0
         with _translated("acknowledge"):
             return int(self.redis.xack(self.stream, self.group, *ids))
+
+    def read_entries(
+        self, count: int = DEFAULT_COUNT, block_ms: int | None = DEFAULT_BLOCK_MS
+    ) -> list[tuple[str, Notice]]:
+        """`read`, each notice with its stream entry id (ids grow in stream order: a
+        resumable stream uses them as positions, see `ack_through`)."""
+        with _translated("read"):
+            if self._after is not None:
+                entries = self._xread(self._after, count, None)
+                self._advance(entries, count)
+                if entries:
+                    return self._keep_pairs(entries)
+            return self._keep_pairs(self._xread(">", count, block_ms))
+
+    def ack_through(self, entry_id: str, count: int = 10_000) -> int:
+        """Acknowledge this consumer's pending entries up to and including `entry_id`
+        (an SSE client's Last-Event-ID); returns entries acked."""
+        with _translated("acknowledge"):
+            if not self._group_ready:
+                self._create_group()
+            pending = self.redis.xpending_range(
+                self.stream, self.group, "-", entry_id, count, consumername=self.consumer
+            )
+            done = self._through(pending, entry_id)
+            return int(self.redis.xack(self.stream, self.group, *done)) if done else 0
 
     def listen(self, *, block_ms: int = DEFAULT_BLOCK_MS) -> Generator[Notice, None, None]:
         """Notices one at a time, forever (until `close`); each is acked when the caller
@@ -201,11 +239,11 @@ class Notifications(_Core):
         self._closed = True
         self.redis.close()
 
-    def _keep(self, entries: list[Entry]) -> list[Notice]:
-        notices, bad = self._accept(entries)
+    def _keep_pairs(self, entries: list[Entry]) -> list[tuple[str, Notice]]:
+        pairs, bad = self._pairs(entries)
         if bad:
             self.redis.xack(self.stream, self.group, *bad)
-        return notices
+        return pairs
 
     def _xread(self, after: str, count: int, block_ms: int | None) -> list[Entry]:
         if not self._group_ready:
@@ -262,13 +300,7 @@ class AsyncNotifications(_Core):
     ) -> list[Notice]:
         """Up to `count` notices: first our own unacknowledged ones, then new ones, waiting
         up to `block_ms` for them (None: do not wait; 0: wait forever). May be empty."""
-        with _translated("read"):
-            if self._after is not None:
-                entries = await self._xread(self._after, count, None)
-                self._advance(entries, count)
-                if entries:
-                    return await self._keep(entries)
-            return await self._keep(await self._xread(">", count, block_ms))
+        return [notice for _, notice in await self.read_entries(count, block_ms)]
 
     async def ack(self, notices: Iterable[Notice]) -> int:
         """Acknowledge handled notices so they are not delivered again; returns entries acked."""
@@ -277,6 +309,29 @@ class AsyncNotifications(_Core):
             return 0
         with _translated("acknowledge"):
             return int(await self.redis.xack(self.stream, self.group, *ids))
+
+    async def read_entries(
+        self, count: int = DEFAULT_COUNT, block_ms: int | None = DEFAULT_BLOCK_MS
+    ) -> list[tuple[str, Notice]]:
+        """`Notifications.read_entries`, for asyncio."""
+        with _translated("read"):
+            if self._after is not None:
+                entries = await self._xread(self._after, count, None)
+                self._advance(entries, count)
+                if entries:
+                    return await self._keep_pairs(entries)
+            return await self._keep_pairs(await self._xread(">", count, block_ms))
+
+    async def ack_through(self, entry_id: str, count: int = 10_000) -> int:
+        """`Notifications.ack_through`, for asyncio."""
+        with _translated("acknowledge"):
+            if not self._group_ready:
+                await self._create_group()
+            pending = await self.redis.xpending_range(
+                self.stream, self.group, "-", entry_id, count, consumername=self.consumer
+            )
+            done = self._through(pending, entry_id)
+            return int(await self.redis.xack(self.stream, self.group, *done)) if done else 0
 
     async def listen(self, *, block_ms: int = DEFAULT_BLOCK_MS) -> AsyncGenerator[Notice, None]:
         """Notices one at a time, until `aclose` or cancellation; each is acked when the
@@ -300,11 +355,11 @@ class AsyncNotifications(_Core):
         self._closed = True
         await self.redis.aclose()
 
-    async def _keep(self, entries: list[Entry]) -> list[Notice]:
-        notices, bad = self._accept(entries)
+    async def _keep_pairs(self, entries: list[Entry]) -> list[tuple[str, Notice]]:
+        pairs, bad = self._pairs(entries)
         if bad:
             await self.redis.xack(self.stream, self.group, *bad)
-        return notices
+        return pairs
 
     async def _xread(self, after: str, count: int, block_ms: int | None) -> list[Entry]:
         if not self._group_ready:

@@ -63,6 +63,7 @@ def environment(port: int) -> dict[str, str]:
     env.pop(RUN_MARKER, None)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     env["CONTEXTLOG_DASHBOARD_PORT"] = str(port)
+    env["CONTEXTLOG_API_PORT"] = str(free_port())  # the Procfile's api, beside other runs
     return env
 
 

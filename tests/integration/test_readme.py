@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from contextlog.producers.ids import derived_id
+from tests.support.api import api_process, make_key
 from tests.support.fake_anthropic import FakeAPIServer
 from tests.support.running import running, settings_for
 
@@ -49,6 +50,19 @@ def test_every_block_runs_alone_or_says_it_continues_the_one_before() -> None:
         compile(block, "README.md", "exec")
 
 
+def api_shell_blocks() -> list[str]:
+    """The shell snippets of the HTTP API's section (keys, curl)."""
+    blocks = re.findall(r"^```sh\n(.*?)^```", README.read_text(), re.S | re.M)
+    return [b for b in blocks if "CONTEXTLOG_URL" in b or "contextlog keys" in b]
+
+
+@pytest.fixture
+def http_api(db: str, redis_url: str, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """A `contextlog api` process on the test's servers: its URL and a key."""
+    with api_process(db, redis_url, tmp_path / "api.log") as (url, _):
+        yield url, make_key(db, ["mybot"], "post,read,sessions")
+
+
 @pytest.fixture
 def api() -> Iterator[FakeAPIServer]:
     server = FakeAPIServer(latency=0.0).start()
@@ -59,7 +73,13 @@ def api() -> Iterator[FakeAPIServer]:
 def reader_env(db: str, redis_url: str, **extra: str) -> dict[str, str]:
     """The reader's shell: their servers, and none of this test run's own settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CONTEXTLOG_"))}
-    return {**env, "DATABASE_URL": db, "REDIS_URL": redis_url, **extra}
+    path = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return {**env, "DATABASE_URL": db, "REDIS_URL": redis_url, "PATH": path, **extra}
+
+
+def api_env(http_api: tuple[str, str]) -> dict[str, str]:
+    """What the HTTP API's section tells a reader to set: its URL and their key."""
+    return {"CONTEXTLOG_URL": http_api[0], "CONTEXTLOG_KEY": http_api[1]}
 
 
 def run_scripts(env: dict[str, str], tmp_path: Path) -> list[str]:
@@ -84,9 +104,15 @@ def run_scripts(env: dict[str, str], tmp_path: Path) -> list[str]:
 
 
 def test_each_block_runs_as_a_script_with_an_api_key(
-    db: str, redis_url: str, api: FakeAPIServer, tmp_path: Path
+    db: str, redis_url: str, api: FakeAPIServer, http_api: tuple[str, str], tmp_path: Path
 ) -> None:
-    env = reader_env(db, redis_url, ANTHROPIC_API_KEY="sk-test", ANTHROPIC_BASE_URL=api.url)
+    env = reader_env(
+        db,
+        redis_url,
+        ANTHROPIC_API_KEY="sk-test",
+        ANTHROPIC_BASE_URL=api.url,
+        **api_env(http_api),
+    )
     with running(settings_for(db, redis_url)):
         printed = run_scripts(env, tmp_path)
     assert not any(NO_KEY in out for out in printed)
@@ -94,13 +120,33 @@ def test_each_block_runs_as_a_script_with_an_api_key(
 
 
 def test_each_block_runs_as_a_script_without_an_api_key(
-    db: str, redis_url: str, api: FakeAPIServer, tmp_path: Path
+    db: str, redis_url: str, api: FakeAPIServer, http_api: tuple[str, str], tmp_path: Path
 ) -> None:
     with running(settings_for(db, redis_url)):
-        printed = run_scripts(reader_env(db, redis_url), tmp_path)
+        printed = run_scripts(reader_env(db, redis_url, **api_env(http_api)), tmp_path)
     guarded = [i for i, block in enumerate(python_blocks()) if GUARD in block]
     assert len(guarded) >= 2 and all(NO_KEY in printed[i] for i in guarded)
     assert api.requests_served == 0
+
+
+def test_the_api_shell_snippets_run_as_written(
+    db: str, redis_url: str, http_api: tuple[str, str]
+) -> None:
+    """The HTTP API section's shell snippets (keys, curl), in a reader's shell."""
+    env = reader_env(db, redis_url, **api_env(http_api))
+    blocks = api_shell_blocks()
+    assert blocks
+    with running(settings_for(db, redis_url)):
+        for block in blocks:
+            done = subprocess.run(
+                ["bash", "-euo", "pipefail", "-c", block],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert done.returncode == 0, f"{block}\n{done.stderr}"
+            assert "clk_" in done.stdout or '"messages"' in done.stdout, done.stdout
 
 
 def test_the_bot_answers_a_redelivered_message_once(
@@ -136,6 +182,7 @@ def test_the_bot_answers_a_redelivered_message_once(
     assert [m["role"] for m in ctx.messages] == ["user", "assistant", "user"]
     with psycopg.connect(db) as conn:
         rows = conn.execute(
-            "SELECT payload->>'role' FROM events WHERE agent = 'mybot' ORDER BY seq"
+            "SELECT payload->>'role' FROM events WHERE agent = 'mybot' AND channel = 'general'"
+            " ORDER BY seq"
         ).fetchall()
     assert [r[0] for r in rows] == ["user", "assistant", "user"]

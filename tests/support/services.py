@@ -65,6 +65,11 @@ WRITER_COLUMNS: Final = {
 }
 
 
+# Migrations after those the layout tests are about that add only tables of their own
+# (015: the HTTP API's keys and webhooks): `migrate` applies them after the others.
+OWN_TABLES: Final = ["015_api", "020_trust"]
+
+
 def migrate_layout(conn: psycopg.Connection[TupleRow], upto: int) -> list[str]:
     """Migrate up to `upto` (the tables as that release left them) plus the later
     function-only migrations today's writer and reader call and the columns it writes, so tests can

@@ -11,7 +11,7 @@ import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import redis
@@ -38,6 +38,8 @@ from contextlog.worker.tasks.queue import SUMMARIES, Jobs
 from contextlog.worker.tasks.rqworker import ContextlogWorker
 from contextlog.worker.tasks.sweeper import Heartbeat, Loop
 from contextlog.worker.tasks.timers import IDLE, Timers
+from contextlog.worker.tasks.webhooks import QUEUE as WEBHOOKS
+from contextlog.worker.tasks.webhooks import Deliveries, Dispatcher
 
 if TYPE_CHECKING:
     from contextlog.worker.tasks.compaction import ApiCompactor
@@ -50,6 +52,7 @@ INGEST_GC_THRESHOLD = 50_000
 log = structlog.get_logger("contextlog.bootstrap")
 
 if TYPE_CHECKING:
+    from contextlog.worker.api.services import Services
     from contextlog.worker.tasks.summarize import Summarizer
 
 
@@ -272,7 +275,7 @@ def build_worker(settings: Settings) -> ContextlogWorker:
     """
     install(build_resources(settings))
     client = queue_client(settings)
-    queues = [Queue(name, connection=client) for name in (IDLE, SUMMARIES)]
+    queues = [Queue(name, connection=client) for name in (IDLE, SUMMARIES, WEBHOOKS)]
     return ContextlogWorker(
         queues,
         connection=client,
@@ -312,3 +315,65 @@ def sweep_forever(settings: Settings, stop: threading.Event) -> None:
 
     beat = Heartbeat(client, worker_name(settings), settings.sweep_seconds)
     Loop("sweeper", cycle, settings.sweep_seconds, beat, res.clock, stop).run()
+
+
+WEBHOOK_POLL_S = 0.5  # how often the dispatcher looks for notices when it found none
+
+
+def dispatch_webhooks_forever(settings: Settings, stop: threading.Event) -> None:
+    """The worker's webhook dispatcher: notices of followed streams to delivery jobs,
+    until `stop`. An error is logged and the loop goes on after a pause."""
+    res = resources()
+    deliveries = Deliveries(queue_client(settings), settings.webhook_attempts)
+    dispatcher = Dispatcher(
+        res.reader.connection, redis_client(settings), deliveries, worker_name(settings)
+    )
+    while not stop.is_set():
+        try:
+            found = dispatcher.cycle()
+        except (Unavailable, psycopg.Error, redis.RedisError) as e:
+            log.warning("webhook dispatch failed; retrying", error=str(e))
+            found = 0
+            stop.wait(settings.backoff_max)
+        if not found:
+            stop.wait(WEBHOOK_POLL_S)
+
+
+def build_api_services(settings: Settings, clock: Clock | None = None) -> Services:
+    """What `contextlog api` serves requests with; nothing connects until it is opened."""
+    # Imported here: the `api` extra's modules are needed by the api process only.
+    from psycopg_pool import AsyncConnectionPool
+
+    from contextlog.producers.producer import AsyncProducer
+    from contextlog.producers.reader import AsyncContextReader
+    from contextlog.worker.api.keys import Keys
+    from contextlog.worker.api.limits import RateLimiter
+    from contextlog.worker.api.services import Services
+
+    clock = clock or SystemClock()
+    options = settings.reader_options()
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        settings.database_url,
+        min_size=1,
+        max_size=4,
+        open=False,
+        kwargs={"autocommit": True, "connect_timeout": 5, "application_name": "contextlog-api"},
+    )
+    client = redis_client(settings)
+    queue = queue_client(settings)
+    limits = {"shards": settings.shards, "max_entry_bytes": settings.max_entry_bytes}
+    return Services(
+        settings=settings,
+        reader=AsyncContextReader.from_url(settings.database_url, **options),
+        producer=AsyncProducer(
+            connection.connect_async(settings.redis_url, socket_timeout=30), **limits
+        ),
+        sync_reader=ContextReader.from_url(settings.database_url, **options),
+        sync_producer=Producer(client, **limits),
+        pool=pool,
+        redis=connection.connect_async(settings.redis_url, socket_timeout=60),
+        keys=Keys(pool.connection, settings.api_key_cache, clock.monotonic),
+        limiter=RateLimiter(settings.api_rate, settings.api_burst, clock.monotonic),
+        clock=clock,
+        deliveries=Deliveries(queue, settings.webhook_attempts),
+    )

@@ -36,6 +36,16 @@ DEFAULT_SUMMARY_TIMEOUT: Final = 30.0
 DEFAULT_SWEEP_SECONDS: Final = 300.0
 DEFAULT_DASHBOARD_BIND: Final = "127.0.0.1"
 DEFAULT_DASHBOARD_PORT: Final = 9181
+# `contextlog api`: where it listens, what one request may carry, how often a key may ask.
+DEFAULT_API_BIND: Final = "127.0.0.1"
+DEFAULT_API_PORT: Final = 8420
+DEFAULT_API_MAX_BODY: Final = 1 << 20  # a batch of a few entries at the 256 KiB entry cap
+DEFAULT_API_MAX_IMPORT: Final = 16 << 20  # a session export, attachments inline
+DEFAULT_API_RATE: Final = 50.0  # requests a second, per key, per api process
+DEFAULT_API_BURST: Final = 100
+DEFAULT_API_KEY_CACHE: Final = 5.0  # seconds a verified key is trusted before a re-read
+DEFAULT_WEBHOOK_TIMEOUT: Final = 10.0
+DEFAULT_WEBHOOK_ATTEMPTS: Final = 8
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 # `auto`: the console form when stderr is a terminal, JSON lines otherwise (files, pipes,
 # a log collector).
@@ -87,6 +97,19 @@ class Settings:
     dashboard_port: int = DEFAULT_DASHBOARD_PORT
     dashboard_user: str | None = None
     dashboard_password: str | None = dataclasses.field(default=None, repr=False)
+    api_bind: str = DEFAULT_API_BIND
+    api_port: int = DEFAULT_API_PORT
+    api_max_body: int = DEFAULT_API_MAX_BODY
+    api_max_import: int = DEFAULT_API_MAX_IMPORT
+    api_rate: float = DEFAULT_API_RATE
+    api_burst: int = DEFAULT_API_BURST
+    api_key_cache: float = DEFAULT_API_KEY_CACHE
+    # Webhook targets: host names allowed (empty: any), and whether addresses on loopback,
+    # private or link-local networks may be targets (not by default).
+    webhook_hosts: tuple[str, ...] = ()
+    webhook_allow_private: bool = False
+    webhook_timeout: float = DEFAULT_WEBHOOK_TIMEOUT
+    webhook_attempts: int = DEFAULT_WEBHOOK_ATTEMPTS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -148,6 +171,7 @@ class Settings:
             ),
             dashboard_user=r.get("CONTEXTLOG_DASHBOARD_USER", None, _name),
             dashboard_password=r.get("CONTEXTLOG_DASHBOARD_PASSWORD", None, _secret),
+            **_api_settings(r),
         )
 
     def reader_options(self) -> dict[str, Any]:
@@ -158,6 +182,54 @@ class Settings:
             "max_replica_lag": self.replica_max_lag,
             "replica_wait": self.replica_wait,
         }
+
+
+NO_HOSTS: tuple[str, ...] = ()
+
+
+def _api_settings(r: _Reader) -> dict[str, Any]:
+    """The settings of `contextlog api` and of webhook deliveries."""
+    return {
+        "api_bind": r.get("CONTEXTLOG_API_BIND", DEFAULT_API_BIND, _name),
+        "api_port": r.get("CONTEXTLOG_API_PORT", DEFAULT_API_PORT, _int_in(1, 65535)),
+        "api_max_body": r.get(
+            "CONTEXTLOG_API_MAX_BODY", DEFAULT_API_MAX_BODY, _int_in(1024, 1 << 30)
+        ),
+        "api_max_import": r.get(
+            "CONTEXTLOG_API_MAX_IMPORT", DEFAULT_API_MAX_IMPORT, _int_in(1024, 1 << 30)
+        ),
+        "api_rate": r.get("CONTEXTLOG_API_RATE", DEFAULT_API_RATE, _float_in(0.01, 1e6)),
+        "api_burst": r.get("CONTEXTLOG_API_BURST", DEFAULT_API_BURST, _int_in(1, 1_000_000)),
+        "api_key_cache": r.get(
+            "CONTEXTLOG_API_KEY_CACHE", DEFAULT_API_KEY_CACHE, _float_in(0, 3600)
+        ),
+        "webhook_hosts": r.get("CONTEXTLOG_WEBHOOK_HOSTS", NO_HOSTS, _hosts),
+        "webhook_allow_private": r.get("CONTEXTLOG_WEBHOOK_ALLOW_PRIVATE", False, _bool),
+        "webhook_timeout": r.get(
+            "CONTEXTLOG_WEBHOOK_TIMEOUT", DEFAULT_WEBHOOK_TIMEOUT, _float_in(0.1, 300)
+        ),
+        "webhook_attempts": r.get(
+            "CONTEXTLOG_WEBHOOK_ATTEMPTS", DEFAULT_WEBHOOK_ATTEMPTS, _int_in(1, 20)
+        ),
+    }
+
+
+def _hosts(name: str, raw: str) -> tuple[str, ...]:
+    """Comma-separated host names; `*.example.com` allows its subdomains."""
+    hosts = tuple(h.strip().lower() for h in raw.split(",") if h.strip())
+    for h in hosts:
+        if not h.isprintable() or " " in h or "/" in h or ":" in h:
+            raise ConfigError(
+                f"{name} holds {h!r}, which is not a host name (e.g. hooks.example.com)"
+            )
+    return hosts
+
+
+def _bool(name: str, raw: str) -> bool:
+    value = raw.lower()
+    if value not in ("true", "false", "1", "0", "yes", "no"):
+        raise ConfigError(f"{name} must be true or false: {raw!r}")
+    return value in ("true", "1", "yes")
 
 
 def default_consumer() -> str:

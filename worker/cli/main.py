@@ -27,6 +27,7 @@ from contextlog.worker.app import bootstrap, logs, metrics
 from contextlog.worker.app.clock import SystemClock
 from contextlog.worker.app.config import Settings
 from contextlog.worker.cli import answers
+from contextlog.worker.cli import api as cli_api
 from contextlog.worker.cli import common as cli_common
 from contextlog.worker.cli import sessions as cli_sessions
 from contextlog.worker.cli.common import (
@@ -400,6 +401,7 @@ def parser() -> argparse.ArgumentParser:
     ret.add_argument("--limit", type=positive, default=1000, help="conversations per run")
     ret.add_argument("--restore", metavar="FILE", help="put an archive back, then rebuild")
     cli_sessions.add_parsers(sub)
+    cli_api.add_parsers(sub)
     return p
 
 
@@ -414,6 +416,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "rebuild": cmd_rebuild,
     "retire": cmd_retire,
     **cli_sessions.COMMANDS,
+    **cli_api.COMMANDS,
 }
 
 

@@ -133,7 +133,8 @@ def cmd_notifications(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
-    """Run an RQ worker on the `summaries` and `idle` queues (with RQ's scheduler)."""
+    """Run an RQ worker on the `summaries`, `idle` and `webhooks` queues (with RQ's
+    scheduler), the sweeper and the webhook dispatcher."""
     cli_common.check_servers(settings, queue=True)
     metrics.serve(args.metrics_port, args.metrics_bind)
     w = bootstrap.build_worker(settings)
@@ -142,11 +143,19 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
         target=bootstrap.sweep_forever, args=(settings, stop), name="sweeper", daemon=True
     )
     sweeper.start()
+    dispatcher = threading.Thread(
+        target=bootstrap.dispatch_webhooks_forever,
+        args=(settings, stop),
+        name="webhooks",
+        daemon=True,
+    )
+    dispatcher.start()
     try:
         w.work(burst=args.burst, with_scheduler=True, logging_level=settings.log_level.upper())
     finally:
         stop.set()
         sweeper.join(timeout=5)  # it clears its heartbeat on a clean stop
+        dispatcher.join(timeout=5)
     return 0
 
 

@@ -1,0 +1,1 @@
+"""The HTTP API (`contextlog api`): routes, keys, limits and the OpenAPI contract."""
