@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from contextlog.schema import codec
 from contextlog.schema.errors import Refused
 
 PER_PAGE = 10
@@ -79,6 +80,7 @@ def page_params(agent: str, channel: str | None, page: int, per_page: int) -> di
     """Query parameters of one history page; a bad page number is refused."""
     if page < 1 or not 1 <= per_page <= 100:
         raise ValueError(f"page must be >= 1 and per_page 1..100, not {page}/{per_page}")
+    codec.check_names(agent=agent, channel=channel)
     return {"agent": agent, "channel": channel, "limit": per_page, "offset": (page - 1) * per_page}
 
 

@@ -45,6 +45,7 @@ from contextlog.producers.replica import (
     fetch_sent,
 )
 from contextlog.producers.tails import CONTENT, NO_HINT, SEQ, STATE_SEQ, Row, Tail, Tails
+from contextlog.schema import codec
 from contextlog.schema.defaults import ConversationDefaults
 from contextlog.schema.errors import NotVisible, Unavailable
 from contextlog.schema.queries import query
@@ -144,6 +145,7 @@ def read_params(
     agent: str, channel: str, thread: str | None, defaults: ConversationDefaults
 ) -> dict[str, Any]:
     """Parameters of `segment_messages`, without a hint (`Tails.hint` adds one)."""
+    codec.check_names(agent=agent, channel=channel, thread=thread)
     return {
         "agent": agent,
         "channel": channel,

@@ -129,6 +129,14 @@ def has_control(name: str) -> bool:
     return _CONTROL.search(name) is not None
 
 
+def check_names(**names: str | None) -> None:
+    """A read's names (agent, channel, thread) by the rule of the events' names: a name no
+    event can hold is refused (`EventRejected`) rather than looked up."""
+    for field, name in names.items():
+        if name is not None and has_control(name):
+            raise EventRejected(INVALID, f"control characters are not allowed - in `{field}`")
+
+
 def _check_names(event: AnyEvent) -> None:
     """Names (agent, channel, thread, ...) must not hold control characters.
 

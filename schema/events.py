@@ -56,8 +56,17 @@ Role = Literal["user", "assistant", "system"]
 MAX_TOOLS = 1000
 
 
-# A `Raw` field's absent value (JSON null): msgspec takes no `Raw` in a union.
+# A `Raw` field's absent value (JSON null): msgspec takes no `Raw` in a union. Fields
+# default to it through `absent()` (a factory: the JSON Schema then gives no default,
+# which msgspec cannot write for a `Raw`).
 NULL: Final = msgspec.Raw(b"null")
+
+
+def _null() -> msgspec.Raw:
+    return NULL
+
+
+absent: Final = msgspec.field(default_factory=_null)
 
 
 def given(raw: msgspec.Raw) -> bool:
@@ -159,7 +168,7 @@ class ContextCompacted(Event, frozen=True, kw_only=True, tag="compaction.v1"):
     # The Messages API's own compaction block (on-demand compaction), kept verbatim: the
     # thread's context then starts with it, and the messages after `through_seq` follow
     # it unchanged. None: `summary` is ours (a boundary).
-    block: msgspec.Raw = NULL
+    block: msgspec.Raw = absent
     # The thread's boundary count when the job read it: a boundary since (a clear, a
     # cut, another compaction) makes this compaction moot. None: an event written before
     # boundaries were counted (`base_seq` decides).
@@ -178,7 +187,7 @@ class FrameSet(Event, frozen=True, kw_only=True, tag="frame.v1"):
     tools: Annotated[list[msgspec.Raw], Meta(max_length=MAX_TOOLS)] | None = None
     # The `thinking` request parameter it sends, a JSON object; NULL: none (a `Raw` cannot
     # be in a union, so JSON null stands for absent).
-    thinking: msgspec.Raw = NULL
+    thinking: msgspec.Raw = absent
 
 
 class MessageImported(Event, frozen=True, kw_only=True, tag="imported_message.v1"):

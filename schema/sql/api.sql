@@ -16,10 +16,6 @@ FROM api_keys ORDER BY created_at, key_id;
 UPDATE api_keys SET revoked_at = coalesce(revoked_at, now())
 WHERE key_id = %(key_id)s RETURNING key_id;
 
--- name: conversation_settings
-SELECT rolling_window, idle_timeout, token_budget FROM conversations
-WHERE agent = %(agent)s AND channel = %(channel)s;
-
 -- name: insert_webhook
 INSERT INTO webhooks (webhook_id, url, source, kinds, agents, channels, secret, created_by)
 VALUES (%(webhook_id)s, %(url)s, %(source)s, %(kinds)s, %(agents)s, %(channels)s,

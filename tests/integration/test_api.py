@@ -105,6 +105,54 @@ def test_a_turn_in_one_request(api: Api, token: str, db: str) -> None:
     assert post(api, poster, CONV + "/turn", body).status_code == 403  # needs read too
 
 
+def test_thinking_system_messages_the_frame_and_boundaries_over_http(
+    api: Api, token: str, db: str
+) -> None:
+    """A bot of a preserved-thinking model over HTTP: its thinking comes back verbatim, a
+    `role: system` message stays in place (or folds into the user turn), the registered
+    frame is the request's system and tools, and another frame or a clear is a boundary
+    the read names."""
+    tools = [{"name": "t", "description": "d", "input_schema": {"type": "object"}}]
+    thinks = {"type": "enabled", "budget_tokens": 2048}
+    frame: dict[str, Any] = {
+        "model": "x",
+        "system": "Be brief.",
+        "tools": tools,
+        "thinking": thinks,
+    }
+    framed = api.client.put(CONV + "/frame", json=frame, headers=api.headers(token))
+    assert framed.status_code == 202, framed.text
+    thinking = {"type": "thinking", "thinking": "Hmm.", "signature": "c2ln"}
+    say(api, token, "hello")
+    note = {"role": "system", "content": "The user is on mobile."}
+    assert post(api, token, CONV + "/messages", note).status_code == 202
+    answer = {"role": "assistant", "content": [thinking, {"type": "text", "text": "Hi."}]}
+    last = post(api, token, CONV + "/messages", answer).json()["event_id"]
+    body = get(api, token, CONV + "/context", wait_for=last, timeout=10).json()
+    assert [m["role"] for m in body["messages"]] == ["user", "system", "assistant"]
+    assert body["messages"][1]["content"] == [{"type": "text", "text": note["content"]}]
+    assert body["messages"][2]["content"][0] == thinking and body["boundary"] is None
+    folded = get(api, token, CONV + "/context", system_messages="fold").json()["messages"]
+    assert [m["role"] for m in folded] == ["user", "assistant"]
+    assert note["content"] in folded[0]["content"][-1]["text"]
+    assert get(api, token, CONV + "/context", system_messages="drop").status_code == 422
+    req = post(api, token, CONV + "/context/request", {}).json()["request"]
+    assert req["system"] == "Be brief." and req["tools"] == tools
+    changed = api.client.put(
+        CONV + "/frame", json={**frame, "system": "Be briefer."}, headers=api.headers(token)
+    )
+    after = get(api, token, CONV + "/context", wait_for=changed.json()["event_id"], timeout=10)
+    out = after.json()
+    assert out["boundary"]["kind"] == "frame" and out["thinking_removed"] == 1
+    assert thinking not in out["messages"][-1]["content"]
+    cleared = post(api, token, CONV + "/clear", {"source": "t"}).json()["event_id"]
+    empty = get(api, token, CONV + "/context", wait_for=cleared, timeout=10).json()
+    assert empty["messages"] == [] and empty["boundary"]["kind"] == "clear"
+    assert empty["boundary"]["count"] == out["boundary"]["count"] + 1
+    bad = api.client.put(CONV + "/frame", json={"model": ""}, headers=api.headers(token))
+    assert bad.status_code == 422
+
+
 def test_posts_are_idempotent_by_external_id_or_idempotency_key(
     api: Api, token: str, db: str
 ) -> None:

@@ -14,8 +14,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from contextlog.producers.history import page_params
+from contextlog.producers.reader import read_params
 from contextlog.schema import codec
 from contextlog.schema import events as ev
+from contextlog.schema.defaults import ConversationDefaults
 from contextlog.schema.errors import EventRejected, EventTooLarge
 
 T0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
@@ -139,6 +142,16 @@ def test_any_text_without_nul_round_trips_and_a_name_only_with_control_character
         assert reason_of(codec.encode(event)) == codec.INVALID  # U+0000 is named as such
     else:
         assert codec.decode(codec.encode(event)) == event
+
+
+def test_a_read_of_a_name_no_event_can_hold_is_refused_not_looked_up() -> None:
+    # Postgres cannot even take U+0000: the reader must refuse it as the contract does.
+    defaults = ConversationDefaults()
+    with pytest.raises(EventRejected, match="in `thread`"):
+        read_params("alpha", "general", "t\x00", defaults)
+    with pytest.raises(EventRejected, match="in `channel`"):
+        page_params("alpha", "gen\neral", 1, 10)
+    assert read_params("alpha", "general", "t é", defaults)["thread"] == "t é"
 
 
 def test_oversized_entry_is_rejected_before_decoding() -> None:

@@ -13,6 +13,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import msgspec
+
 from contextlog.producers.commands import Encoder, Prepared
 from contextlog.producers.ids import derived_id, uuid7
 from contextlog.schema import events as ev
@@ -34,6 +36,18 @@ def _settings(body: Any, common: dict[str, Any]) -> ev.Event:
     )
 
 
+def _frame(body: Any, common: dict[str, Any]) -> ev.Event:
+    return ev.FrameSet(
+        model=body.model,
+        system=body.system,
+        tools=body.tools,
+        thinking=ev.NULL
+        if body.thinking is None
+        else msgspec.Raw(msgspec.json.encode(body.thinking)),
+        **common,
+    )
+
+
 BUILDERS: dict[str, Callable[[Any, dict[str, Any]], ev.Event]] = {
     "message": _message,
     "clear": lambda b, c: ev.ContextCleared(**c),
@@ -42,6 +56,7 @@ BUILDERS: dict[str, Callable[[Any, dict[str, Any]], ev.Event]] = {
     "delete_session": lambda b, c: ev.SessionDeleteRequested(session_id=b.session_id, **c),
     "purge_sessions": lambda b, c: ev.SessionsPurgeRequested(keep=b.keep, **c),
     "configure": _settings,
+    "frame": _frame,
 }
 
 # The right a key needs for each kind: what a bot does on every turn, or what touches
@@ -50,6 +65,7 @@ RIGHTS: dict[str, str] = {
     "message": "post",
     "clear": "post",
     "configure": "post",
+    "frame": "post",
     "save": "sessions",
     "restore": "sessions",
     "delete_session": "sessions",
@@ -66,7 +82,7 @@ def build(
     kind: str,
     agent: str,
     channel: str,
-    body: m.MessageIn | m.ClearIn | m.SaveIn | m.RestoreIn | m.PurgeIn | m.SettingsIn,
+    body: m.MessageIn | m.ClearIn | m.SaveIn | m.RestoreIn | m.PurgeIn | m.SettingsIn | m.FrameIn,
     now: dt.datetime,
     idempotency_key: str | None = None,
 ) -> ev.Event:

@@ -83,13 +83,21 @@ async def settings(call: Call) -> m.SettingsOut:
     )
 
 
-async def _read(call: Call, thread: str | None, wait_for: Any, timeout: float) -> Context:
+async def set_frame(call: Call) -> m.Accepted:
+    """Register the bot's own request frame (`Producer.set_frame`)."""
+    return await send_one(call, "frame", call.body)
+
+
+async def _read(
+    call: Call, thread: str | None, wait_for: Any, timeout: float, system_messages: Any
+) -> Context:
     return await call.services.reader.context(
         call.agent,
         call.channel,
         thread,
         wait_for=None if wait_for is None else str(wait_for),
         timeout=timeout,
+        system_messages=system_messages,
     )
 
 
@@ -97,7 +105,9 @@ async def context(call: Call) -> m.ContextOut:
     """The context of one thread, valid for the Messages API; with `wait_for`, once that
     event is stored (503 `not-visible` if it is not within `timeout` seconds)."""
     q: m.ContextQuery = call.query
-    return m.ContextOut.from_context(await _read(call, q.thread, q.wait_for, q.timeout))
+    return m.ContextOut.from_context(
+        await _read(call, q.thread, q.wait_for, q.timeout, q.system_messages)
+    )
 
 
 async def turn(call: Call) -> m.TurnOut:
@@ -106,7 +116,7 @@ async def turn(call: Call) -> m.TurnOut:
     b: m.TurnIn = call.body
     call.api_key.check("read", call.agent, call.channel)
     posted = await send_one(call, "message", b)
-    ctx = await _read(call, b.thread, posted.event_id, b.timeout)
+    ctx = await _read(call, b.thread, posted.event_id, b.timeout, b.system_messages)
     kwargs = ctx.to_anthropic(system=b.system, tools=b.tools, cache=b.cache)
     return m.TurnOut(
         event_id=posted.event_id,
@@ -114,6 +124,9 @@ async def turn(call: Call) -> m.TurnOut:
         token_estimate=ctx.token_estimate,
         truncated=ctx.truncated,
         compacted=ctx.compacted,
+        boundary=m.BoundaryOut.of(ctx.boundary),
+        thinking_removed=ctx.thinking_removed,
+        over_budget=ctx.over_budget,
     )
 
 
@@ -121,11 +134,14 @@ async def request(call: Call) -> m.RequestOut:
     """`Context.to_anthropic(system=, tools=, cache=)`: the keyword arguments of
     `messages.create` (besides model and max_tokens), the bot's system and tools first."""
     b: m.RequestIn = call.body
-    ctx = await _read(call, b.thread, b.wait_for, b.timeout)
+    ctx = await _read(call, b.thread, b.wait_for, b.timeout, b.system_messages)
     kwargs = ctx.to_anthropic(system=b.system, tools=b.tools, cache=b.cache)
     return m.RequestOut(
         request=m.AnthropicRequest(**kwargs),
         token_estimate=ctx.token_estimate,
         truncated=ctx.truncated,
         compacted=ctx.compacted,
+        boundary=m.BoundaryOut.of(ctx.boundary),
+        thinking_removed=ctx.thinking_removed,
+        over_budget=ctx.over_budget,
     )

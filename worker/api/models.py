@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from contextlog.producers.context import Context
+from contextlog.producers.context import Boundary, Context
 from contextlog.producers.history import SessionInfo
 from contextlog.schema import notices as nt
 from contextlog.worker.tasks.webhooks import Delivery
@@ -99,6 +99,17 @@ class PurgeIn(_Common, kw_only=True):
     keep: Annotated[int, Meta(ge=0, le=1_000_000)]
 
 
+class FrameIn(_Common, kw_only=True):
+    """The bot's own request frame (`Producer.set_frame`): the `model`, and the top-level
+    `system`, `tools` and `thinking` it sends with every request, as sent. The worker's
+    compactions use it; a changed `system` or `tools` is a boundary (docs/context.md)."""
+
+    model: Annotated[str, Meta(min_length=1, max_length=200)]
+    system: str | list[Json] | None = None
+    tools: list[Json] | None = None
+    thinking: Json | None = None
+
+
 class SettingsIn(_Common, kw_only=True):
     """Conversation settings to change (seconds; a field left out keeps its value)."""
 
@@ -157,7 +168,23 @@ class SettingsItem(SettingsIn, kw_only=True, tag_field="type", tag="configure"):
     channel: Name
 
 
-Item = MessageItem | ClearItem | SaveItem | RestoreItem | DeleteItem | PurgeItem | SettingsItem
+class FrameItem(FrameIn, kw_only=True, tag_field="type", tag="frame"):
+    """A frame registration of a batch."""
+
+    agent: Name
+    channel: Name
+
+
+Item = (
+    MessageItem
+    | ClearItem
+    | SaveItem
+    | RestoreItem
+    | DeleteItem
+    | PurgeItem
+    | SettingsItem
+    | FrameItem
+)
 
 
 class BatchIn(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -180,8 +207,35 @@ class BatchAccepted(Struct, kw_only=True):
     event_ids: list[str]
 
 
+SystemMessages = Annotated[
+    Literal["keep", "fold"],
+    Meta(
+        description="keep: `role: system` messages stay where they were posted; fold: "
+        "they become text of the user turn they follow (models that refuse the role)"
+    ),
+]
+
+
+class BoundaryOut(Struct, kw_only=True):
+    """The last boundary the thread crossed (docs/context.md): between two boundaries
+    every read returns the previous read's messages unchanged with new ones at the end."""
+
+    kind: Annotated[
+        str, Meta(description="clear, restore, budget, edge, compaction, summary, frame, upgrade")
+    ]
+    seq: int | None
+    count: int
+
+    @classmethod
+    def of(cls, b: Boundary | None) -> BoundaryOut | None:
+        return None if b is None else cls(kind=b.kind, seq=b.seq, count=b.count)
+
+
 class ContextOut(Struct, kw_only=True):
-    """`ContextReader.context()`'s result: `messages` are ready for `messages.create`."""
+    """`ContextReader.context()`'s result: `messages` are ready for `messages.create`.
+    `boundary` changes only when the messages stop being an extension of the last read's;
+    `thinking_removed` counts thinking blocks such a boundary took out of the kept turns;
+    `over_budget`: a tool-use cycle grew past the budget (never cut)."""
 
     messages: list[Message]
     system: str | None
@@ -190,6 +244,10 @@ class ContextOut(Struct, kw_only=True):
     window_start: Aware | None
     compacted: bool
     served_by: str
+    boundary: BoundaryOut | None
+    thinking_removed: int
+    over_budget: bool
+    last_seq: int | None
 
     @classmethod
     def from_context(cls, ctx: Context) -> ContextOut:
@@ -202,6 +260,10 @@ class ContextOut(Struct, kw_only=True):
             window_start=ctx.window_start,
             compacted=ctx.compacted,
             served_by=ctx.served_by,
+            boundary=BoundaryOut.of(ctx.boundary),
+            thinking_removed=ctx.thinking_removed,
+            over_budget=ctx.over_budget,
+            last_seq=ctx.last_seq,
         )
 
 
@@ -214,6 +276,7 @@ class RequestIn(Struct, kw_only=True, forbid_unknown_fields=True):
     system: str | list[Json] | None = None
     tools: list[Json] | None = None
     cache: bool = False
+    system_messages: SystemMessages | None = None
 
 
 class AnthropicRequest(Struct, kw_only=True, omit_defaults=True):
@@ -231,6 +294,9 @@ class RequestOut(Struct, kw_only=True):
     token_estimate: int
     truncated: bool
     compacted: bool
+    boundary: BoundaryOut | None
+    thinking_removed: int
+    over_budget: bool
 
 
 class TurnIn(MessageIn, kw_only=True):
@@ -242,6 +308,7 @@ class TurnIn(MessageIn, kw_only=True):
     system: str | list[Json] | None = None
     tools: list[Json] | None = None
     cache: bool = False
+    system_messages: SystemMessages | None = None
 
 
 class TurnOut(Struct, kw_only=True):
@@ -252,6 +319,9 @@ class TurnOut(Struct, kw_only=True):
     token_estimate: int
     truncated: bool
     compacted: bool
+    boundary: BoundaryOut | None
+    thinking_removed: int
+    over_budget: bool
 
 
 class ContextQuery(Struct, kw_only=True, forbid_unknown_fields=True):
@@ -260,6 +330,7 @@ class ContextQuery(Struct, kw_only=True, forbid_unknown_fields=True):
     thread: Name | None = None
     wait_for: uuid.UUID | None = None
     timeout: Annotated[float, Meta(ge=0, le=30)] = 2.0
+    system_messages: SystemMessages | None = None
 
 
 class SettingsOut(Struct, kw_only=True):

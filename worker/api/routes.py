@@ -62,6 +62,9 @@ ENDPOINTS: Final = (
     Endpoint("PATCH", CONV + "/settings", "configure", conversations.configure,
              "Change the conversation's settings", "conversations", "post",
              body=m.SettingsIn, response=m.Accepted, status=202, idempotent=True),
+    Endpoint("PUT", CONV + "/frame", "setFrame", conversations.set_frame,
+             "Register the bot's request frame", "conversations", "post",
+             body=m.FrameIn, response=m.Accepted, status=202, idempotent=True),
     # saved sessions
     Endpoint("GET", "/v1/agents/{agent}/sessions", "listSessions", sessions.list_sessions,
              "List saved sessions", "sessions", "sessions", query=m.PageQuery,

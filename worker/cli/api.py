@@ -11,7 +11,6 @@ from rich.table import Table
 
 from contextlog.schema.errors import ConfigError, Refused
 from contextlog.worker.api import keys
-from contextlog.worker.app import bootstrap
 from contextlog.worker.app.config import Settings
 from contextlog.worker.cli import common as cli_common
 from contextlog.worker.cli.common import console, positive
@@ -27,7 +26,7 @@ def cmd_api(settings: Settings, args: argparse.Namespace) -> int:
         raise ConfigError(
             f"contextlog api needs the `api` extra: pip install 'contextlog-memory[api]' ({e})"
         ) from None
-    bootstrap.run_migrations(settings)
+    cli_common.check_servers(settings)
     server.serve(settings)
     return 0
 

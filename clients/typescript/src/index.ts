@@ -9,6 +9,7 @@
 import type {
   MessageParam,
   TextBlockParam,
+  ThinkingConfigParam,
   ToolUnion,
 } from "@anthropic-ai/sdk/resources/messages";
 
@@ -27,6 +28,13 @@ export type MessageIn = Omit<Schemas["MessageIn"], "content" | "role"> & {
 export type Common = Schemas["ClearIn"];
 export type Settings = Schemas["SettingsOut"];
 export type SettingsIn = Schemas["SettingsIn"];
+/** The bot's own request frame: its model, top-level system and tools, thinking setting. */
+export type FrameIn = Omit<Schemas["FrameIn"], "system" | "tools" | "thinking"> & {
+  system?: string | TextBlockParam[] | null;
+  tools?: ToolUnion[] | null;
+  thinking?: ThinkingConfigParam | null;
+};
+export type Boundary = Schemas["BoundaryOut"];
 export type Session = Schemas["SessionInfo"];
 export type SessionPage = Schemas["SessionPageOut"];
 export type ExportedSession = Schemas["ExportedSession"];
@@ -83,6 +91,8 @@ export interface ReadOptions {
   waitFor?: string;
   /** seconds to wait for it (default 2) */
   timeout?: number;
+  /** "keep" (default): `role: "system"` messages stay where posted; "fold": into the user turn they follow */
+  systemMessages?: "keep" | "fold";
 }
 
 export interface RequestOptions extends ReadOptions {
@@ -210,7 +220,13 @@ export class ContextlogClient {
   turn(
     agent: string,
     channel: string,
-    message: MessageIn & { system?: string | TextBlockParam[]; tools?: ToolUnion[]; cache?: boolean; timeout?: number },
+    message: MessageIn & {
+      system?: string | TextBlockParam[];
+      tools?: ToolUnion[];
+      cache?: boolean;
+      timeout?: number;
+      system_messages?: "keep" | "fold";
+    },
     options: SendOptions = {},
   ): Promise<TurnOut> {
     return this.call("POST", `${this.conv(agent, channel)}/turn`, message, idempotency(options));
@@ -234,11 +250,22 @@ export class ContextlogClient {
 
   /** `Context.to_anthropic(system, tools, cache)`: spread `request` into `messages.create`. */
   request(agent: string, channel: string, options: RequestOptions = {}): Promise<RequestOut> {
-    const { waitFor, ...rest } = options;
+    const { waitFor, systemMessages, ...rest } = options;
     return this.call("POST", `${this.conv(agent, channel)}/context/request`, {
       ...rest,
       ...(waitFor ? { wait_for: waitFor } : {}),
+      ...(systemMessages ? { system_messages: systemMessages } : {}),
     });
+  }
+
+  /**
+   * Register the bot's request frame (model, system, tools, thinking) as it sends them: the
+   * worker's compactions use it, and a request made without `system`/`tools` gets the
+   * frame's. A changed system or tool list is a boundary (thinking of earlier turns is
+   * removed from the kept turns: it no longer matches its prefix).
+   */
+  async setFrame(agent: string, channel: string, frame: FrameIn, options: SendOptions = {}) {
+    return this.eventId("PUT", `${this.conv(agent, channel)}/frame`, frame, options);
   }
 
   async clear(agent: string, channel: string, body: Common = {}, options: SendOptions = {}) {
@@ -393,7 +420,7 @@ function idempotency(options: SendOptions): Record<string, string> {
 }
 
 function readQuery(o: ReadOptions): Record<string, string | number | undefined> {
-  return { thread: o.thread, wait_for: o.waitFor, timeout: o.timeout };
+  return { thread: o.thread, wait_for: o.waitFor, timeout: o.timeout, system_messages: o.systemMessages };
 }
 
 function query(params: Record<string, string | number | undefined>): string {

@@ -152,6 +152,26 @@ export interface paths {
         patch: operations["configure"];
         trace?: never;
     };
+    "/v1/agents/{agent}/channels/{channel}/frame": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        /**
+         * Register the bot's request frame
+         * @description Register the bot's own request frame (`Producer.set_frame`).
+         */
+        put: operations["setFrame"];
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/agents/{agent}/sessions": {
         parameters: {
             query?: never;
@@ -555,7 +575,18 @@ export interface components {
          *         before any is sent: one bad item refuses the batch, naming it (`item`).
          */
         BatchIn: {
-            items: (components["schemas"]["MessageItem"] | components["schemas"]["ClearItem"] | components["schemas"]["SaveItem"] | components["schemas"]["RestoreItem"] | components["schemas"]["DeleteItem"] | components["schemas"]["PurgeItem"] | components["schemas"]["SettingsItem"])[];
+            items: (components["schemas"]["MessageItem"] | components["schemas"]["ClearItem"] | components["schemas"]["SaveItem"] | components["schemas"]["RestoreItem"] | components["schemas"]["DeleteItem"] | components["schemas"]["PurgeItem"] | components["schemas"]["SettingsItem"] | components["schemas"]["FrameItem"])[];
+        };
+        /**
+         * BoundaryOut
+         * @description The last boundary the thread crossed (docs/context.md): between two boundaries
+         *         every read returns the previous read's messages unchanged with new ones at the end.
+         */
+        BoundaryOut: {
+            /** @description clear, restore, budget, edge, compaction, summary, frame, upgrade */
+            kind: string;
+            seq: number | null;
+            count: number;
         };
         /**
          * ClearIn
@@ -598,6 +629,9 @@ export interface components {
         /**
          * ContextOut
          * @description `ContextReader.context()`'s result: `messages` are ready for `messages.create`.
+         *         `boundary` changes only when the messages stop being an extension of the last read's;
+         *         `thinking_removed` counts thinking blocks such a boundary took out of the kept turns;
+         *         `over_budget`: a tool-use cycle grew past the budget (never cut).
          */
         ContextOut: {
             messages: ({
@@ -614,6 +648,10 @@ export interface components {
             window_start: string | null;
             compacted: boolean;
             served_by: string;
+            boundary: components["schemas"]["BoundaryOut"] | null;
+            thinking_removed: number;
+            over_budget: boolean;
+            last_seq: number | null;
         };
         /**
          * DeleteItem
@@ -668,7 +706,7 @@ export interface components {
          */
         ExportedMessage: {
             /** @enum {unknown} */
-            role: "assistant" | "user";
+            role: "assistant" | "system" | "user";
             content: string | unknown[];
             /** @default null */
             occurred_at?: string | null;
@@ -692,6 +730,8 @@ export interface components {
             description?: string | null;
             /** @default null */
             summary?: string | null;
+            /** @default false */
+            summary_local?: boolean;
             message_count: number;
             /** @default 0 */
             token_estimate?: number;
@@ -704,6 +744,72 @@ export interface components {
             /** @default null */
             channel?: string | null;
             messages: components["schemas"]["ExportedMessage"][];
+        };
+        /**
+         * FrameIn
+         * @description The bot's own request frame (`Producer.set_frame`): the `model`, and the top-level
+         *         `system`, `tools` and `thinking` it sends with every request, as sent. The worker's
+         *         compactions use it; a changed `system` or `tools` is a boundary (docs/context.md).
+         */
+        FrameIn: {
+            /** @default null */
+            thread?: string | null;
+            /** @default null */
+            sender?: string | null;
+            /** @default null */
+            source?: string | null;
+            /** @default null */
+            external_id?: string | null;
+            /** @default null */
+            occurred_at?: string | null;
+            model: string;
+            /** @default null */
+            system?: string | {
+                [key: string]: unknown;
+            }[] | null;
+            /** @default null */
+            tools?: {
+                [key: string]: unknown;
+            }[] | null;
+            /** @default null */
+            thinking?: {
+                [key: string]: unknown;
+            } | null;
+        };
+        /**
+         * FrameItem
+         * @description A frame registration of a batch.
+         */
+        FrameItem: {
+            /** @enum {unknown} */
+            type: "frame";
+            /** @default null */
+            thread?: string | null;
+            /** @default null */
+            sender?: string | null;
+            /** @default null */
+            source?: string | null;
+            /** @default null */
+            external_id?: string | null;
+            /** @default null */
+            occurred_at?: string | null;
+            model: string;
+            /** @default null */
+            system?: string | {
+                [key: string]: unknown;
+            }[] | null;
+            /** @default null */
+            tools?: {
+                [key: string]: unknown;
+            }[] | null;
+            /** @default null */
+            thinking?: {
+                [key: string]: unknown;
+            } | null;
+            /** @description 1-200 characters, no control characters */
+            agent: string;
+            /** @description 1-200 characters, no control characters */
+            channel: string;
         };
         /**
          * Health
@@ -882,6 +988,8 @@ export interface components {
             }[] | null;
             /** @default false */
             cache?: boolean;
+            /** @default null */
+            system_messages?: ("fold" | "keep") | null;
         };
         /**
          * RequestOut
@@ -892,6 +1000,9 @@ export interface components {
             token_estimate: number;
             truncated: boolean;
             compacted: boolean;
+            boundary: components["schemas"]["BoundaryOut"] | null;
+            thinking_removed: number;
+            over_budget: boolean;
         };
         /**
          * RestoreItem
@@ -985,6 +1096,8 @@ export interface components {
             window_start?: string | null;
             /** @default null */
             window_end?: string | null;
+            /** @default null */
+            imported_from?: string | null;
         };
         /**
          * SessionPageOut
@@ -1129,6 +1242,8 @@ export interface components {
             }[] | null;
             /** @default false */
             cache?: boolean;
+            /** @default null */
+            system_messages?: ("fold" | "keep") | null;
         };
         /**
          * TurnOut
@@ -1140,6 +1255,9 @@ export interface components {
             token_estimate: number;
             truncated: boolean;
             compacted: boolean;
+            boundary: components["schemas"]["BoundaryOut"] | null;
+            thinking_removed: number;
+            over_budget: boolean;
         };
         /**
          * WebhookIn
@@ -1481,6 +1599,7 @@ export interface operations {
                 thread?: string | null;
                 wait_for?: string | null;
                 timeout?: number;
+                system_messages?: ("fold" | "keep") | null;
             };
             header?: never;
             path: {
@@ -1830,6 +1949,103 @@ export interface operations {
         requestBody: {
             content: {
                 "application/json": components["schemas"]["SettingsIn"];
+            };
+        };
+        responses: {
+            /** @description done */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Accepted"];
+                };
+            };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description no key, an unknown key or a revoked one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the key lacks the right, or is not scoped to this agent/channel */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body is over the size limit, or an event over its cap */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the request does not fit the contract (`EventRejected`, ...) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description over the key's request rate */
+            429: {
+                headers: {
+                    /** @description seconds to wait */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Postgres or Redis unreachable, or a wait_for event not stored in time */
+            503: {
+                headers: {
+                    /** @description seconds to wait */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    setFrame: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description the request's external id when its body names none */
+                "Idempotency-Key"?: string;
+            };
+            path: {
+                agent: string;
+                channel: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["FrameIn"];
             };
         };
         responses: {

@@ -35,6 +35,31 @@ test("a turn: post, then read it back as MessageParam[]", async (t) => {
   assert.deepEqual(turn.request.messages.at(-1), { role: "user", content: [{ type: "text", text: "and now?" }] });
 });
 
+test("a preserved-thinking bot: its frame, thinking kept, system messages, boundaries", async (t) => {
+  if (live.skip) return t.skip(live.skip);
+  const client = live.client!;
+  const tools = [{ name: "lookup", description: "d", input_schema: { type: "object" as const } }];
+  const thinking = { type: "enabled" as const, budget_tokens: 2048 };
+  await client.setFrame("alpha", "frame", { model: "claude-x", system: "Be brief.", tools, thinking });
+  await client.postMessage("alpha", "frame", { role: "user", content: "hello", source: "ts" });
+  await client.postMessage("alpha", "frame", { role: "system", content: "The user is on mobile." });
+  const thought = { type: "thinking" as const, thinking: "Hmm.", signature: "c2ln" };
+  const last = await client.postMessage("alpha", "frame", { role: "assistant", content: [thought, { type: "text", text: "Hi." }] });
+  const ctx = await client.context("alpha", "frame", { waitFor: last, timeout: 10 });
+  assert.deepEqual(ctx.messages.map((m) => m.role), ["user", "system", "assistant"]);
+  assert.deepEqual((ctx.messages[2]!.content as unknown[])[0], thought);
+  assert.equal(ctx.boundary, null);
+  const folded = await client.context("alpha", "frame", { systemMessages: "fold" });
+  assert.deepEqual(folded.messages.map((m) => m.role), ["user", "assistant"]);
+  const { request } = await client.request("alpha", "frame");
+  assert.equal(request.system, "Be brief.");
+  assert.deepEqual(request.tools, tools);
+  const changed = await client.setFrame("alpha", "frame", { model: "claude-x", system: "Be briefer.", tools, thinking });
+  const after = await client.context("alpha", "frame", { waitFor: changed, timeout: 10 });
+  assert.equal(after.boundary?.kind, "frame");
+  assert.equal(after.thinking_removed, 1);
+});
+
 test("refusals are ContextlogErrors with the library's class", async (t) => {
   if (live.skip) return t.skip(live.skip);
   const client = live.client!;
