@@ -437,25 +437,24 @@ def _replace(turn: Turn, kept: list[Block]) -> None:
 
 
 def from_cycle_end(messages: Sequence[StoredMessage]) -> Sequence[StoredMessage]:
-    """The messages from the first user message that answers no tool call: a segment
-    whose start falls inside a tool-use cycle (a restored session, a log written before
-    segments) starts after that cycle, not in its middle."""
+    """A segment whose start falls inside a tool-use cycle (a restored session, a log
+    written before segments, a bot's late answer after a clear) leaves that cycle out: its
+    messages from the first assistant message up to the first user message that answers
+    no tool call. What precedes that assistant message stays (system messages, and the
+    text that came with stray results; repair drops the results), so a read taken before
+    the cycle's end is extended, never retracted, by the reads after it."""
     if messages and messages[0].role == "assistant" and _compaction_first(messages[0]):
         return messages
-    first = (i for i, m in enumerate(messages) if clean_start(m.role, m.content))
-    return _after(messages, next(first, len(messages)))
+    j = next((j for j, m in enumerate(messages) if m.role == "assistant"), None)
+    if j is None or any(clean_start(m.role, m.content) for m in messages[:j]):
+        return messages  # the first cycle starts in the segment
+    after = messages[j + 1 :]
+    opens = next((k for k, m in enumerate(after) if clean_start(m.role, m.content)), len(after))
+    return [*messages[:j], *after[opens:]]
 
 
 def _compaction_first(m: StoredMessage) -> bool:
     return not isinstance(m.content, str) and contract.starts_anew(m.content[:1])
-
-
-def _after(messages: Sequence[StoredMessage], i: int) -> Sequence[StoredMessage]:
-    # Only stray results and system messages before it (no assistant turn of a cut
-    # cycle): repair drops the results and keeps any text they came with.
-    if all(m.role != "assistant" for m in messages[:i]):
-        return messages
-    return messages[i:]
 
 
 def _strip_trailing_space(turn: Turn) -> None:
