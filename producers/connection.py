@@ -9,6 +9,7 @@ database 0 only, so a cluster URL naming another database is refused.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final
 from urllib.parse import parse_qs, urlsplit
 
@@ -28,6 +29,27 @@ SyncClient = redis.Redis | RedisCluster
 AsyncClient = aioredis.Redis | AsyncRedisCluster
 
 
+# A password in a URL's query or in a libpq `key=value` string (`password=...`).
+_PASSWORD_PARAM: Final = re.compile(r"(password=)[^&\s]*", re.IGNORECASE)
+REDACTED: Final = "***"
+
+
+def redact(url: str) -> str:
+    """`url` without its password, for any message that shows it: `user:***@host`, and
+    `password=***` in a query or a libpq string. Works on what does not parse as a URL
+    too (a bad port, a stray `@`, no scheme): what is shown is only ever less."""
+    text = _PASSWORD_PARAM.sub(rf"\1{REDACTED}", url)
+    head, at, host = text.rpartition("@")
+    if not at:
+        return text
+    scheme = head.find("://")
+    start = scheme + 3 if scheme >= 0 else head.rfind("/") + 1
+    user, colon, _password = head[start:].partition(":")
+    if not colon:
+        return text  # a user name only (a password alone is written `:secret@`)
+    return f"{head[:start]}{user}:{REDACTED}@{host}"
+
+
 def is_cluster_url(url: str) -> bool:
     """Whether `url` names a Redis Cluster (`redis+cluster://`, `rediss+cluster://`)."""
     return urlsplit(url).scheme in CLUSTER_SCHEMES
@@ -43,12 +65,12 @@ def cluster_node_url(url: str, name: str = "REDIS_URL") -> str:
     parts = urlsplit(url)
     scheme = CLUSTER_SCHEMES.get(parts.scheme)
     if scheme is None:
-        raise ConfigError(f"{name} is not a redis+cluster:// URL: {url!r}")
+        raise ConfigError(f"{name} is not a redis+cluster:// URL: {redact(url)!r}")
     dbs = [*parse_qs(parts.query).get("db", []), parts.path.strip("/") or "0"]
     if any(db != "0" for db in dbs):
         raise ConfigError(
             f"{name} names database {dbs[0] if dbs[0] != '0' else dbs[-1]!r}, but a Redis "
-            f"Cluster has database 0 only: {url!r}"
+            f"Cluster has database 0 only: {redact(url)!r}"
         )
     return parts._replace(scheme=scheme).geturl()
 

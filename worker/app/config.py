@@ -10,6 +10,7 @@ from typing import Any, Final, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from contextlog.producers import connection
+from contextlog.producers.connection import redact
 from contextlog.schema import codec, keys
 from contextlog.schema.defaults import REPLICA_MAX_LAG, REPLICA_WAIT, ConversationDefaults
 from contextlog.schema.errors import ConfigError
@@ -176,14 +177,16 @@ def _queue_redis_url(r: _Reader, redis_url: str) -> str:
     if connection.is_cluster_url(queue):
         raise ConfigError(
             f"REDIS_URL is a Redis Cluster, which RQ cannot use for its queues, scheduler "
-            f"and idle timers: set {QUEUE_REDIS_VAR} to a standalone Redis: {redis_url!r}"
+            f"and idle timers: set {QUEUE_REDIS_VAR} to a standalone Redis: {redact(redis_url)!r}"
         )
     return queue
 
 
 def _standalone_redis_url(name: str, raw: str) -> str:
     if connection.is_cluster_url(raw):
-        raise ConfigError(f"{name} must be a standalone Redis (RQ cannot use a cluster): {raw!r}")
+        raise ConfigError(
+            f"{name} must be a standalone Redis (RQ cannot use a cluster): {redact(raw)!r}"
+        )
     return _redis_url(name, raw)
 
 
@@ -196,11 +199,13 @@ def _redis_url(name: str, raw: str) -> str:
         return raw
     parts = urlsplit(raw)
     if parts.scheme not in ("redis", "rediss", "unix"):
-        raise ConfigError(f"{name} is not a redis://, redis+cluster:// or unix:// URL: {raw!r}")
+        raise ConfigError(
+            f"{name} is not a redis://, redis+cluster:// or unix:// URL: {redact(raw)!r}"
+        )
     try:
         parts.port  # noqa: B018 - parsing it is the check
     except ValueError:
-        raise ConfigError(f"{name} has a port that is not a number: {raw!r}") from None
+        raise ConfigError(f"{name} has a port that is not a number: {redact(raw)!r}") from None
     dbs = parse_qs(parts.query).get("db", [])
     if parts.scheme != "unix" and parts.path.strip("/"):
         dbs.append(parts.path.strip("/"))
@@ -208,14 +213,14 @@ def _redis_url(name: str, raw: str) -> str:
         if not (db.isdigit() and db.isascii()):
             raise ConfigError(
                 f"{name} names database {db!r}, which is not a number "
-                f"(use e.g. redis://host:6379/13): {raw!r}"
+                f"(use e.g. redis://host:6379/13): {redact(raw)!r}"
             )
     return raw
 
 
 def _database_url(name: str, raw: str) -> str:
     if urlsplit(raw).scheme not in ("postgresql", "postgres"):
-        raise ConfigError(f"{name} is not a postgresql:// URL: {raw!r}")
+        raise ConfigError(f"{name} is not a postgresql:// URL: {redact(raw)!r}")
     return raw
 
 
@@ -228,7 +233,7 @@ def _secret(name: str, raw: str) -> str:
 
 def _http_url(name: str, raw: str) -> str:
     if urlsplit(raw).scheme not in ("http", "https"):
-        raise ConfigError(f"{name} is not an http:// or https:// URL: {raw!r}")
+        raise ConfigError(f"{name} is not an http:// or https:// URL: {redact(raw)!r}")
     return raw
 
 
