@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import subprocess
 import sys
+import unicodedata
 import uuid
 from typing import Any
 
@@ -121,7 +122,7 @@ def test_tags_are_versioned_and_unique() -> None:
     text=st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=300),
     thread=st.none()
     | st.text(
-        st.characters(min_codepoint=32, exclude_categories=["Cs"], exclude_characters="\x7f"),
+        st.characters(exclude_categories=["Cs", *codec.REFUSED_IN_NAMES]),
         min_size=1,
         max_size=40,
     ),
@@ -172,6 +173,42 @@ def test_oversized_entry_is_rejected_before_decoding() -> None:
 )
 def test_bad_input_is_rejected_with_a_reason(data: bytes, reason: str) -> None:
     assert reason_of(data) == reason
+
+
+@pytest.mark.parametrize(
+    ("field", "name", "shown"),
+    [
+        ("agent", "my\u0085bot", "U+0085"),  # NEXT LINE, a C1 control (Cc)
+        ("channel", "gen\u2028eral", "U+2028 (LINE SEPARATOR) is a line separator"),
+        ("channel", "gen\u2029eral", "U+2029"),  # Zp
+        ("agent", "my\u200bbot", "U+200B (ZERO WIDTH SPACE) is a format (invisible)"),
+        ("agent", "\u202etobym", "U+202E"),  # RIGHT-TO-LEFT OVERRIDE (Cf)
+        ("channel", "a\ufeffb", "U+FEFF"),  # BOM / zero-width no-break space (Cf)
+        ("thread", "t\x1b[31m", "U+001B"),  # ESC (Cc)
+    ],
+)
+def test_names_refuse_control_format_and_separator_characters(
+    field: str, name: str, shown: str
+) -> None:
+    with pytest.raises(EventRejected) as info:
+        codec.decode(raw(**{field: name}))
+    assert info.value.reason == codec.INVALID
+    assert shown in info.value.detail and f"$.{field}" in info.value.detail
+
+
+@pytest.mark.parametrize("name", ["my bot", "caf\u00e9", "no\u00a0break", "\u4e2d\u6587", "Mybot"])
+def test_names_keep_other_characters_as_they_are(name: str) -> None:
+    event = codec.decode(raw(agent=name, channel=name))
+    assert (event.agent, event.channel) == (name, name)
+
+
+@given(
+    st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=20).filter(
+        lambda t: any(unicodedata.category(c) in codec.REFUSED_IN_NAMES for c in t)
+    )
+)
+def test_any_name_with_a_refused_character_is_rejected(name: str) -> None:
+    assert reason_of(raw(channel=name)) == codec.INVALID
 
 
 def test_escaped_backslash_before_u0000_is_plain_text() -> None:

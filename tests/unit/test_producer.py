@@ -131,6 +131,25 @@ def test_bad_input_raises_and_sends_nothing(producer: Producer) -> None:
     assert stored(producer, "alpha", "general") == []
 
 
+@pytest.mark.parametrize("name", ["my\u2028bot", "my\u0085bot", "my\u200bbot", "\u202etobym"])
+def test_names_with_invisible_or_separator_characters_are_refused(
+    producer: Producer, name: str
+) -> None:
+    with pytest.raises(EventRejected, match="control, format or separator characters"):
+        producer.post_message(name, "general", "user", "hi")
+    with pytest.raises(EventRejected, match="at `\\$.channel`"):
+        producer.clear("alpha", name)
+    assert stored(producer, name, "general") == [] and stored(producer, "alpha", name) == []
+
+
+def test_a_rolling_window_of_0_is_refused(producer: Producer) -> None:
+    with pytest.raises(EventRejected, match="rolling_window must be at least 1 second"):
+        producer.configure("alpha", "general", rolling_window=0)
+    producer.configure("alpha", "general", idle_timeout=0)  # 0 means never, for this one
+    (configured,) = stored(producer, "alpha", "general")
+    assert isinstance(configured, ev.Configured) and configured.idle_timeout == 0
+
+
 def test_oversized_event_is_refused_at_the_producer(server: fakeredis.FakeServer) -> None:
     p = Producer(fakeredis.FakeRedis(server=server), shards=4, max_entry_bytes=2048)
     with pytest.raises(EventTooLarge, match="cap is 2048"):
