@@ -19,9 +19,13 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
+from contextlog.producers import liveness
 from contextlog.schema.errors import ConfigError, Unavailable
 
 CLUSTER_SCHEMES: Final = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+# How long a command of an adapter's client may wait for its answer (a push of a large
+# batch included): past it the client gives up on a Redis that stopped answering.
+SOCKET_TIMEOUT_S: Final = 10.0
 
 # Either kind of client: the commands contextlog sends work on both (one key, or keys
 # of one hash slot, per command and per MULTI).
@@ -77,15 +81,24 @@ def cluster_node_url(url: str, name: str = "REDIS_URL") -> str:
 
 def connect(url: str, **kwargs: Any) -> SyncClient:
     """A client for `url`: a `RedisCluster` for a cluster URL, a `Redis` otherwise.
-    Keyword arguments go to the client (timeouts). A `Redis` connects on first use; a
-    `RedisCluster` asks a node for the slot map at once (redis-py's sync client has no
-    lazy start), so an unreachable cluster is `Unavailable` here."""
+    Keyword arguments go to the client, over the defaults of `options` (keepalives,
+    timeouts). A `Redis` connects on first use; a `RedisCluster` asks a node for the slot
+    map at once (redis-py's sync client has no lazy start), so an unreachable cluster is
+    `Unavailable` here."""
+    kwargs = options(**kwargs)
     if not is_cluster_url(url):
         return redis.Redis.from_url(url, **kwargs)
     try:
         return RedisCluster.from_url(cluster_node_url(url), **kwargs)
     except (RedisClusterException, redis.RedisError) as e:
         raise Unavailable(f"cannot reach the Redis Cluster at {_where(url)}: {e}") from e
+
+
+def options(**kwargs: Any) -> dict[str, Any]:
+    """Client options: TCP keepalives, a connect timeout and a SOCKET_TIMEOUT_S answer
+    timeout (`liveness`), each overridden by `kwargs` (`socket_timeout=None` for a client
+    that blocks as long as its caller asks)."""
+    return {**liveness.redis_options(SOCKET_TIMEOUT_S), **kwargs}
 
 
 def _where(url: str) -> str:
@@ -96,6 +109,7 @@ def _where(url: str) -> str:
 
 def connect_async(url: str, **kwargs: Any) -> AsyncClient:
     """`connect` for asyncio adapters (the asyncio cluster client starts on first use)."""
+    kwargs = options(**kwargs)
     if is_cluster_url(url):
         return AsyncRedisCluster.from_url(cluster_node_url(url), **kwargs)
     return aioredis.Redis.from_url(url, **kwargs)

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-from collections.abc import Awaitable, Callable, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import msgspec
 import psycopg
 import psycopg.types.json
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from contextlog.producers import attachments
+from contextlog.producers import attachments, liveness
 from contextlog.producers.context import Context, StoredMessage, build_context, clean_start
 from contextlog.producers.history import (
     PER_PAGE,
@@ -185,6 +187,34 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+# A call with a `timeout` returns or raises within timeout + WAIT_MARGIN_S, whatever the
+# server does (a black hole, a lock, latency): Postgres waits for the event until
+# WAIT_MARGIN_S before the deadline, which leaves its answer a round trip to come back,
+# and at the deadline the watchdog cuts the connection (`liveness.Watchdog`).
+WAIT_MARGIN_S: Final = 1.0
+READ_TIMEOUT_S: Final = 10.0  # the same bound for calls without a timeout (sessions, ...)
+
+
+def _deadline(timeout: float) -> float:
+    return time.monotonic() + timeout + WAIT_MARGIN_S
+
+
+def _wait_budget(deadline: float) -> float:
+    """How long Postgres may wait for an event: until WAIT_MARGIN_S before `deadline`."""
+    return max(0.0, deadline - WAIT_MARGIN_S - time.monotonic())
+
+
+def _no_answer(error: BaseException) -> Unavailable:
+    return Unavailable(
+        f"Postgres did not answer in time (the call's timeout + {WAIT_MARGIN_S:g}s): the "
+        f"connection was closed ({error})"
+    )
+
+
+def _no_connection(error: BaseException) -> Unavailable:
+    return Unavailable(f"Postgres: no connection in time ({error})")
+
+
 def window_params(
     agent: str,
     channel: str,
@@ -324,6 +354,7 @@ class _Reader:
         self.attachments = attachments.Cache()  # base64 of recently read attachments
         self.tails = Tails()  # where each thread's last read started
         self.replica: Replica | AsyncReplica | None = None
+        self.watchdog = liveness.Watchdog()  # cuts a call still running at its deadline
 
     @property
     def routing(self) -> dict[str, int]:
@@ -347,8 +378,12 @@ _POOL: dict[str, Any] = {
     "min_size": 1,
     "max_size": 4,
     "open": False,
-    "kwargs": {"autocommit": True},
 }
+
+
+def _pool_options(url: str) -> dict[str, Any]:
+    """A pool's options: keepalives and a connect timeout on each connection (`liveness`)."""
+    return {**_POOL, "kwargs": {"autocommit": True, **liveness.postgres_options(url)}}
 
 
 class ContextReader(_Reader):
@@ -377,18 +412,42 @@ class ContextReader(_Reader):
         replica = None
         if replica_url:
             policy = _policy(max_replica_lag, replica_wait)
-            pool = ConnectionPool(replica_url, configure=_configure, **_POOL)
+            pool = ConnectionPool(replica_url, configure=_configure, **_pool_options(replica_url))
             replica = Replica(pool, policy, timer)
-        return cls(ConnectionPool(url, configure=_configure, **_POOL), replica=replica, **kwargs)
+        primary = ConnectionPool(url, configure=_configure, **_pool_options(url))
+        return cls(primary, replica=replica, **kwargs)
 
-    def connection(self) -> Any:
-        """A pooled connection (a context manager); the pool opens on first use."""
+    def connection(self, deadline: float | None = None) -> Any:
+        """A pooled connection (a context manager); the pool opens on first use. With a
+        `deadline` (`time.monotonic()`), getting the connection and using it end by then:
+        `Unavailable` when Postgres has not answered."""
+        deadline = deadline or _deadline(READ_TIMEOUT_S)
         if self.pool.closed:
             try:
-                self.pool.open(wait=True, timeout=10)
+                self.pool.open(wait=True, timeout=min(10.0, deadline - time.monotonic()))
             except psycopg.Error as e:
                 raise Unavailable(f"Postgres: {e}") from e
-        return self.pool.connection()
+        return self._guarded(deadline)
+
+    @contextmanager
+    def _guarded(self, deadline: float) -> Iterator[Any]:
+        wait = max(0.0, deadline - time.monotonic())
+        try:
+            with (
+                self.pool.connection(timeout=wait) as conn,
+                self.watchdog.guard(conn.fileno(), deadline) as guard,
+            ):
+                try:
+                    yield conn
+                except psycopg.Error as e:
+                    if guard.cut:
+                        raise _no_answer(e) from e
+                    raise
+                finally:
+                    if guard.cut:
+                        conn.close()  # cut: the pool must not hand it out again
+        except PoolTimeout as e:
+            raise _no_connection(e) from e
 
     def context(
         self,
@@ -400,24 +459,33 @@ class ContextReader(_Reader):
         timeout: float = 2.0,
         now: dt.datetime | None = None,
     ) -> Context:
-        """The context of one thread (or the main line), valid for the Messages API."""
+        """The context of one thread (or the main line), valid for the Messages API.
+        Returns or raises within `timeout` + WAIT_MARGIN_S, whatever Postgres does."""
+        deadline = _deadline(timeout)
         now = now or self.clock()
         read = self._thread_read(agent, channel, thread, now)
+
+        def connect() -> Any:
+            return self.connection(deadline)
+
         if self.replica is None:
-            with self.connection() as conn:
+            with connect() as conn:
                 if wait_for is None:
                     parts = read.fetch(conn)
                 else:  # the reads ride with the looks for the event
-                    waited = self._wait(conn, wait_for, timeout, agent, channel, read.send)
+                    waited = self._wait(
+                        conn, wait_for, timeout, agent, channel, read.send, deadline=deadline
+                    )
                     assert waited[1] is not None
                     parts = waited[1]
             ctx = self._context(parts, now)
-            return attachments.attach(self.connection, ctx, self.attachments)
+            return attachments.attach(connect, ctx, self.attachments)
         lsn = None
         if wait_for is not None:  # on the primary: a standby cannot LISTEN
-            with self.connection() as conn:
-                lsn = self._wait(conn, wait_for, timeout, agent, channel, look="await_event_at")[0]
-        got = self.replica.read(read.send, lsn, self.connection)
+            with connect() as conn:
+                look = "await_event_at"
+                lsn = self._wait(conn, wait_for, timeout, agent, channel, None, look, deadline)[0]
+        got = self.replica.read(read.send, lsn, connect)
         ctx = replace(self._context(got.value, now), served_by=got.by)
         return attachments.attach(got.connect, ctx, self.attachments)
 
@@ -469,14 +537,16 @@ class ContextReader(_Reader):
         channel: str,
         then: Callable[[Any], Callable[[], T]] | None = None,
         look: str = "await_event",
+        deadline: float | None = None,
     ) -> tuple[Any, T | None]:
         """Until `event_id` is stored: Postgres waits (`contextlog_await_event`, 010),
         woken by ingest's commit notification. Returns the first column of the `look`
         query's row (see `await_event_at`) and what `then` collected: `then(conn)` sends
         the reads that follow, queued behind the wait, so they run as soon as the event
         commits, in the same round trip; with the thread's known rows (`Tails`) they
-        fetch what changed."""
-        params = {"event_id": event_id, "agent": agent, "channel": channel, "timeout": timeout}
+        fetch what changed. With a `deadline`, Postgres waits until WAIT_MARGIN_S before it."""
+        wait = timeout if deadline is None else _wait_budget(deadline)  # Postgres waits this long
+        params = {"event_id": event_id, "agent": agent, "channel": channel, "timeout": wait}
         # Alone: a LISTEN takes effect when its transaction commits and a pipeline's
         # statements share one, so the waiting statement would not be signalled.
         conn.execute(query("listen_commits"))
@@ -529,9 +599,10 @@ class AsyncContextReader(_Reader):
         replica = None
         if replica_url:
             policy = _policy(max_replica_lag, replica_wait)
-            pool = AsyncConnectionPool(replica_url, configure=_aconfigure, **_POOL)
+            options = _pool_options(replica_url)
+            pool = AsyncConnectionPool(replica_url, configure=_aconfigure, **options)
             replica = AsyncReplica(pool, policy, timer)
-        primary = AsyncConnectionPool(url, configure=_aconfigure, **_POOL)
+        primary = AsyncConnectionPool(url, configure=_aconfigure, **_pool_options(url))
         return cls(primary, replica=replica, **kwargs)
 
     async def context(
@@ -544,28 +615,38 @@ class AsyncContextReader(_Reader):
         timeout: float = 2.0,
         now: dt.datetime | None = None,
     ) -> Context:
-        """The context of one thread (or the main line), valid for the Messages API."""
+        """The context of one thread (or the main line), valid for the Messages API.
+        Returns or raises within `timeout` + WAIT_MARGIN_S, whatever Postgres does."""
+        deadline = _deadline(timeout)
+
+        async def connect() -> Any:
+            return await self._aconn(deadline)
+
         if self.replica is None:
             now = now or self.clock()
             read = self._thread_read(agent, channel, thread, now)
-            async with await self._aconn() as conn:
+            async with await connect() as conn:
                 if wait_for is None:
                     parts = await read.afetch(conn)
                 else:  # the reads ride with the looks for the event
-                    waited = await self._wait(conn, wait_for, timeout, agent, channel, read.asend)
+                    waited = await self._wait(
+                        conn, wait_for, timeout, agent, channel, read.asend, deadline=deadline
+                    )
                     assert waited[1] is not None
                     parts = waited[1]
             ctx = self._context(parts, now)
-            return await attachments.aattach(self._aconn, ctx, self.attachments)
+            return await attachments.aattach(connect, ctx, self.attachments)
         lsn = None
         if wait_for is not None:  # on the primary: a standby cannot LISTEN
-            async with await self._aconn() as conn:
-                lsn = (
-                    await self._wait(conn, wait_for, timeout, agent, channel, look="await_event_at")
-                )[0]
+            async with await connect() as conn:
+                look = "await_event_at"
+                waited = await self._wait(
+                    conn, wait_for, timeout, agent, channel, None, look, deadline
+                )
+                lsn = waited[0]
         now = now or self.clock()
         read = self._thread_read(agent, channel, thread, now)
-        got = await self.replica.read(read.asend, lsn, self._aconn)
+        got = await self.replica.read(read.asend, lsn, connect)
         ctx = replace(self._context(got.value, now), served_by=got.by)
         return await attachments.aattach(got.connect, ctx, self.attachments)
 
@@ -602,9 +683,11 @@ class AsyncContextReader(_Reader):
         channel: str,
         then: Callable[[Any], Awaitable[Callable[[], Awaitable[T]]]] | None = None,
         look: str = "await_event",
+        deadline: float | None = None,
     ) -> tuple[Any, T | None]:
         """`ContextReader._wait`, for asyncio."""
-        params = {"event_id": event_id, "agent": agent, "channel": channel, "timeout": timeout}
+        wait = timeout if deadline is None else _wait_budget(deadline)  # Postgres waits this long
+        params = {"event_id": event_id, "agent": agent, "channel": channel, "timeout": wait}
         await conn.execute(query("listen_commits"))  # alone: see `ContextReader._wait`
         listening = True
         try:
@@ -623,13 +706,33 @@ class AsyncContextReader(_Reader):
             if listening:
                 await conn.execute(query("unlisten_commits"))
 
-    async def _aconn(self) -> Any:
+    async def _aconn(self, deadline: float | None = None) -> Any:
+        """`ContextReader.connection`, for asyncio."""
+        deadline = deadline or _deadline(READ_TIMEOUT_S)
         if self.pool.closed:
             try:
-                await self.pool.open(wait=True, timeout=10)
+                await self.pool.open(wait=True, timeout=min(10.0, deadline - time.monotonic()))
             except psycopg.Error as e:
                 raise Unavailable(f"Postgres: {e}") from e
-        return self.pool.connection()
+        return self._aguarded(deadline)
+
+    @asynccontextmanager
+    async def _aguarded(self, deadline: float) -> AsyncIterator[Any]:
+        try:
+            wait = max(0.0, deadline - time.monotonic())
+            async with self.pool.connection(timeout=wait) as conn:
+                with self.watchdog.guard(conn.fileno(), deadline) as guard:
+                    try:
+                        yield conn
+                    except psycopg.Error as e:
+                        if guard.cut:
+                            raise _no_answer(e) from e
+                        raise
+                    finally:
+                        if guard.cut:
+                            await conn.close()  # cut: the pool must not hand it out again
+        except PoolTimeout as e:
+            raise _no_connection(e) from e
 
     async def aclose(self) -> None:
         """Close the pools."""

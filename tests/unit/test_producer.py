@@ -137,7 +137,7 @@ def test_names_with_invisible_or_separator_characters_are_refused(
 ) -> None:
     with pytest.raises(EventRejected, match="control, format or separator characters"):
         producer.post_message(name, "general", "user", "hi")
-    with pytest.raises(EventRejected, match="at `\\$.channel`"):
+    with pytest.raises(EventRejected, match=r"at `\$\.channel`"):
         producer.clear("alpha", name)
     assert stored(producer, name, "general") == [] and stored(producer, "alpha", name) == []
 

@@ -20,6 +20,7 @@ from rq import Queue
 
 from contextlog.producers import connection
 from contextlog.producers.connection import SyncClient
+from contextlog.producers.liveness import postgres_options
 from contextlog.producers.producer import Producer
 from contextlog.producers.reader import ContextReader
 from contextlog.schema import keys
@@ -51,25 +52,41 @@ if TYPE_CHECKING:
 
 def redis_client(settings: Settings) -> SyncClient:
     """A client for `REDIS_URL`: the streams, leases, dead letters and notifications
-    (a Redis, its database number honoured, or a Redis Cluster)."""
-    return connection.connect(settings.redis_url, socket_timeout=30, health_check_interval=15)
+    (a Redis, its database number honoured, or a Redis Cluster). A command waits at most
+    `redis_answer_s` for its answer, well inside a lease (`liveness`: keepalives too)."""
+    timeout = redis_answer_s(settings)
+    return connection.connect(settings.redis_url, socket_timeout=timeout, health_check_interval=15)
+
+
+REDIS_ANSWER_MAX_S = 5.0
+
+
+def redis_answer_s(settings: Settings) -> float:
+    """How long ingest waits for Redis to answer a command: a blocking read's own wait plus
+    a third of the lease (at most REDIS_ANSWER_MAX_S, at least 1 s). A Redis that stopped
+    answering is noticed in time to keep the leases (the old 30 s outlived them: all four
+    were lost, again and again, while Redis hung)."""
+    spare = max(1.0, min(REDIS_ANSWER_MAX_S, settings.lease_seconds / 3))
+    return settings.block_ms / 1000 + spare
 
 
 def queue_client(settings: Settings) -> redis.Redis:
     """A Redis client for `CONTEXTLOG_QUEUE_REDIS_URL` (default: REDIS_URL): RQ's queues
-    and scheduler, idle timers, compaction claims, worker heartbeats."""
+    and scheduler, idle timers, compaction claims, worker heartbeats. 30 s for an answer:
+    RQ's dequeue blocks for 15 s (worker_ttl - 15)."""
     return redis.Redis.from_url(
-        settings.queue_redis_url, socket_timeout=30, health_check_interval=15
+        settings.queue_redis_url,
+        **connection.options(socket_timeout=30, health_check_interval=15),
     )
 
 
 def pg_connector(settings: Settings) -> Callable[[], PgConn]:
-    """A function opening a fresh Postgres connection for `DATABASE_URL`."""
+    """A function opening a fresh Postgres connection for `DATABASE_URL`, with keepalives
+    and a connect timeout (`liveness.postgres_options`)."""
 
     def connect() -> PgConn:
-        return psycopg.connect(
-            settings.database_url, connect_timeout=5, application_name="contextlog"
-        )
+        options = postgres_options(settings.database_url)
+        return psycopg.connect(settings.database_url, application_name="contextlog", **options)
 
     return connect
 
