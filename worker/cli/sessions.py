@@ -17,9 +17,11 @@ from contextlog.schema.notices import Notice
 from contextlog.worker.app import bootstrap, metrics
 from contextlog.worker.app.clock import SystemClock
 from contextlog.worker.app.config import Settings
+from contextlog.worker.app.signals import Stopper
 from contextlog.worker.cli import common as cli_common
 from contextlog.worker.cli.common import console, positive
 from contextlog.worker.store import archive
+from contextlog.worker.tasks.rqworker import run_until_stopped
 
 
 def cmd_sessions(settings: Settings, args: argparse.Namespace) -> int:
@@ -115,18 +117,27 @@ def cmd_notifications(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     """Run an RQ worker on the `summaries` and `idle` queues (with RQ's scheduler)."""
+    stopper = Stopper(settings.stop_grace)
+    stopper.install()  # RQ installs its own in its loop, which tell the stopper first
+    bootstrap.check_worker_redis(settings)
     bootstrap.run_migrations(settings)
     metrics.serve(args.metrics_port, args.metrics_bind)
-    w = bootstrap.build_worker(settings)
-    stop = threading.Event()
+    bootstrap.install(bootstrap.build_resources(settings))
     sweeper = threading.Thread(
-        target=bootstrap.sweep_forever, args=(settings, stop), name="sweeper", daemon=True
+        target=bootstrap.sweep_forever, args=(settings, stopper.stop), name="sweeper", daemon=True
     )
     sweeper.start()
     try:
-        w.work(burst=args.burst, with_scheduler=True, logging_level=settings.log_level.upper())
+        run_until_stopped(
+            lambda: bootstrap.build_worker(settings, stopper.request),
+            stopper.stop,
+            backoff_max=settings.backoff_max,
+            logging_level=settings.log_level.upper(),
+            burst=args.burst,
+            after=stopper.install,
+        )
     finally:
-        stop.set()
+        stopper.stop.set()
         sweeper.join(timeout=5)  # it clears its heartbeat on a clean stop
     return 0
 
