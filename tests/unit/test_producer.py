@@ -9,8 +9,16 @@ from typing import Any
 
 import fakeredis
 import pytest
+import redis
 
-from contextlog.producers import AsyncProducer, EventRejected, EventTooLarge, Producer
+from contextlog.producers import (
+    AsyncProducer,
+    EventRejected,
+    EventTooLarge,
+    Producer,
+    PushUncertain,
+    Unavailable,
+)
 from contextlog.producers import producer as producer_module
 from contextlog.producers.commands import parse_duration
 from contextlog.producers.ids import derived_id, uuid7
@@ -294,3 +302,108 @@ def test_whole_float_seconds_and_timedeltas_are_taken(producer: Producer) -> Non
     [event] = stored(producer, "a", "c")
     assert isinstance(event, ev.Configured)
     assert (event.idle_timeout, event.rolling_window) == (90, 7200)
+
+
+class LosingAnswers(fakeredis.FakeRedis):
+    """A Redis whose next `lose` pipeline answers are lost after it acted on them (a
+    timeout or a reset after sending), or that is full (`full`: refuses every XADD)."""
+
+    lose = 0
+    full = False
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        execute = pipe.execute
+
+        def execute_then_lose(raise_on_error: bool = True) -> Any:
+            if self.full:
+                refused = redis.exceptions.OutOfMemoryError(
+                    "command not allowed when used memory > 'maxmemory'."
+                )
+                return [refused for _ in pipe.command_stack]
+            replies = execute(raise_on_error=raise_on_error)
+            if self.lose:
+                self.lose -= 1
+                raise redis.TimeoutError("Timeout reading from socket")
+            return replies
+
+        pipe.execute = execute_then_lose  # type: ignore[method-assign]
+        return pipe
+
+
+def test_a_push_whose_answer_was_lost_is_sent_again_with_the_same_ids(
+    server: fakeredis.FakeServer,
+) -> None:
+    client = LosingAnswers(server=server)
+    producer = Producer(client, shards=4, clock=lambda: T0)
+    client.lose = 1
+    eid = producer.post_message("alpha", "general", "user", "hi")
+    # Sent twice, one event id: ingest stores it once (UNIQUE event id).
+    assert [str(e.event_id) for e in stored(producer, "alpha", "general")] == [eid, eid]
+
+
+def test_a_push_that_may_have_been_stored_says_how_to_retry_without_doubling(
+    server: fakeredis.FakeServer,
+) -> None:
+    client = LosingAnswers(server=server)
+    producer = Producer(client, shards=4, clock=lambda: T0)
+    client.lose = 2
+    with pytest.raises(PushUncertain) as info, producer.batch() as b:
+        b.post_message("alpha", "general", "user", "one")
+        b.post_message("alpha", "general", "assistant", "two")
+    error = info.value
+    assert isinstance(error, Unavailable) and "producer.resend(error)" in str(error)
+    assert producer.resend(error) == error.event_ids
+    ids = [str(e.event_id) for e in stored(producer, "alpha", "general")]
+    assert set(ids) == set(error.event_ids) and len(ids) == 6  # three sends, two events
+
+
+def test_a_full_redis_is_named_and_nothing_was_stored(server: fakeredis.FakeServer) -> None:
+    client = LosingAnswers(server=server)
+    producer = Producer(client, shards=4, clock=lambda: T0)
+    client.full = True
+    with pytest.raises(Unavailable, match="Redis is full") as info:
+        producer.post_message("alpha", "general", "user", "hi")
+    assert not isinstance(info.value, PushUncertain)
+    assert "nothing of this push was stored" in str(info.value)
+
+
+class AsyncLosingAnswers(fakeredis.FakeAsyncRedis):
+    """`LosingAnswers`, for the asyncio producer."""
+
+    lose = 0
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        execute = pipe.execute
+
+        async def execute_then_lose(raise_on_error: bool = True) -> Any:
+            replies = await execute(raise_on_error=raise_on_error)
+            if self.lose:
+                self.lose -= 1
+                raise redis.TimeoutError("Timeout reading from socket")
+            return replies
+
+        pipe.execute = execute_then_lose  # type: ignore[method-assign]
+        return pipe
+
+
+def test_the_async_producer_retries_and_resends_alike(server: fakeredis.FakeServer) -> None:
+    async def go() -> tuple[str, PushUncertain, list[str]]:
+        client = AsyncLosingAnswers(server=server)
+        p = AsyncProducer(client, shards=4, clock=lambda: T0)
+        client.lose = 1
+        first = await p.post_message("alpha", "general", "user", "one")
+        client.lose = 2
+        try:
+            await p.post_message("alpha", "general", "assistant", "two")
+        except PushUncertain as e:
+            return first, e, await p.resend(e)
+        raise AssertionError("no PushUncertain")
+
+    first, error, resent = asyncio.run(go())
+    [second] = error.event_ids
+    assert resent == [second]
+    sync = Producer(fakeredis.FakeRedis(server=server), shards=4)
+    ids = [str(e.event_id) for e in stored(sync, "alpha", "general")]
+    assert ids == [first, first, second, second, second]

@@ -20,18 +20,24 @@ from rq import Queue
 
 from contextlog.producers import connection
 from contextlog.producers.connection import SyncClient
-from contextlog.producers.liveness import postgres_options
+from contextlog.producers.liveness import Watchdog, postgres_options
 from contextlog.producers.producer import Producer
 from contextlog.producers.reader import ContextReader
 from contextlog.schema import keys
 from contextlog.schema.errors import ConfigError, Unavailable
+from contextlog.worker.app import memory
 from contextlog.worker.app.clock import Clock, SystemClock
-from contextlog.worker.app.config import Settings
+from contextlog.worker.app.config import QUEUE_REDIS_VAR, Settings
 from contextlog.worker.effects.notify import RedisNotifier
 from contextlog.worker.effects.relay import Relay
 from contextlog.worker.ingest.loop import Ingest
 from contextlog.worker.ingest.streams import Streams
-from contextlog.worker.store.eventlog import EventLog, PostgresEventLog, bound_waits
+from contextlog.worker.store.eventlog import (
+    IDLE_TRANSACTION_FLOOR_S,
+    EventLog,
+    PostgresEventLog,
+    bound_waits,
+)
 from contextlog.worker.store.migrations import migrate
 from contextlog.worker.tasks import idle
 from contextlog.worker.tasks.jobs import SUMMARIES, Jobs
@@ -108,12 +114,22 @@ def open_event_log(
     """A function opening the Postgres event log; connection failures become `Unavailable`."""
     connect = pg_connector(settings)
     effects = relay(settings, client, queue)
+    watchdog = Watchdog()  # one thread cuts every connection's overdue calls
+    # A call may wait for Postgres as long as a stalled transaction may last (its lease,
+    # 5 s at least): past it, the batch would be fenced anyway.
+    deadline = max(settings.lease_seconds, IDLE_TRANSACTION_FLOOR_S)
 
     def open_log() -> EventLog:
         try:
             conn = connect()
             bound_waits(conn, settings.lease_seconds)
-            return PostgresEventLog(conn, defaults=settings.conversation, relay=effects)
+            return PostgresEventLog(
+                conn,
+                defaults=settings.conversation,
+                relay=effects,
+                watchdog=watchdog,
+                deadline_s=deadline,
+            )
         except psycopg.OperationalError as e:
             raise Unavailable(f"Postgres: {e}") from e
 
@@ -208,9 +224,23 @@ def build_ingest(
 ) -> Ingest:
     """An ingest loop wired to the configured Redis and Postgres."""
     client = redis_client(settings)
+    queue = queue_client(settings)
+    memory.check_policy(redis_clients(settings, client, queue), settings.accept_eviction)
     claim_shard_count(client, settings.shards)
     streams = Streams(client, settings.consumer)
-    return Ingest(settings, streams, open_event_log(settings, client), clock or SystemClock(), stop)
+    events = open_event_log(settings, client, queue)
+    return Ingest(settings, streams, events, clock or SystemClock(), stop)
+
+
+def redis_clients(
+    settings: Settings, client: SyncClient, queue: redis.Redis
+) -> list[tuple[str, SyncClient]]:
+    """The Redis servers a process writes to, named by their variable (the queue Redis
+    only where it is another server)."""
+    named: list[tuple[str, SyncClient]] = [("REDIS_URL", client)]
+    if settings.queue_redis_url != settings.redis_url:
+        named.append((QUEUE_REDIS_VAR, queue))
+    return named
 
 
 def tune_gc_for_batches() -> None:
@@ -229,8 +259,11 @@ def tune_gc_for_batches() -> None:
     gc.set_threshold(INGEST_GC_THRESHOLD, older, oldest)
 
 
-def build_worker(settings: Settings) -> ContextlogWorker:
-    """An RQ worker on the `summaries` and `idle` queues, its job resources installed.
+def build_worker(
+    settings: Settings, on_stop: Callable[[], object] | None = None
+) -> ContextlogWorker:
+    """An RQ worker on the `summaries` and `idle` queues (`install` its job resources
+    first); `on_stop` hears of a stop signal first (`signals.Stopper.request`).
 
     SimpleWorker runs jobs in this process: jobs wait on the network, not the CPU, and
     the Postgres pool, Redis client and Anthropic client are kept across jobs instead
@@ -238,10 +271,9 @@ def build_worker(settings: Settings) -> ContextlogWorker:
     Scale out with more worker processes. A dead worker of the same name is taken
     over, and the scheduler child exits with its worker (see worker.rqworker).
     """
-    install(build_resources(settings))
     client = queue_client(settings)
     queues = [Queue(name, connection=client) for name in (IDLE, SUMMARIES)]
-    return ContextlogWorker(
+    worker = ContextlogWorker(
         queues,
         connection=client,
         name=worker_name(settings),
@@ -252,6 +284,18 @@ def build_worker(settings: Settings) -> ContextlogWorker:
         maintenance_interval=MAINTENANCE_S,
         worker_ttl=WORKER_TTL_S,
     )
+    worker.on_stop = on_stop
+    return worker
+
+
+def check_worker_redis(settings: Settings) -> None:
+    """Refuse (`ConfigError`) to run the worker on a Redis that may evict keys."""
+    client, queue = redis_client(settings), queue_client(settings)
+    try:
+        memory.check_policy(redis_clients(settings, client, queue), settings.accept_eviction)
+    finally:
+        client.close()
+        queue.close()
 
 
 SUMMARY_GRACE_S = 120.0  # a summary missing this long after its save is queued again

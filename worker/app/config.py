@@ -36,6 +36,9 @@ DEFAULT_SUMMARY_ATTEMPTS: Final = 4
 DEFAULT_SUMMARY_TIMEOUT: Final = 30.0
 DEFAULT_SWEEP_SECONDS: Final = 300.0
 DEFAULT_DASHBOARD_BIND: Final = "127.0.0.1"
+# Seconds a process (ingest, worker) may take to stop after SIGTERM before it exits at once
+# (worker.app.signals): under the 10 s most supervisors wait before their SIGKILL.
+DEFAULT_STOP_GRACE: Final = 8.0
 DEFAULT_DASHBOARD_PORT: Final = 9181
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 LOG_FORMATS: Final = ("json", "console")
@@ -81,6 +84,9 @@ class Settings:
     dashboard_port: int = DEFAULT_DASHBOARD_PORT
     dashboard_user: str | None = None
     dashboard_password: str | None = dataclasses.field(default=None, repr=False)
+    stop_grace: float = DEFAULT_STOP_GRACE
+    # The operator accepts that a Redis that may evict keys loses events (memory.py).
+    accept_eviction: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -139,6 +145,8 @@ class Settings:
             ),
             dashboard_user=r.get("CONTEXTLOG_DASHBOARD_USER", None, _name),
             dashboard_password=r.get("CONTEXTLOG_DASHBOARD_PASSWORD", None, _secret),
+            stop_grace=r.get("CONTEXTLOG_STOP_GRACE", DEFAULT_STOP_GRACE, _float_in(0.5, 3600)),
+            accept_eviction=r.get(ACCEPT_EVICTION_VAR, False, _flag),
         )
 
     def reader_options(self) -> dict[str, Any]:
@@ -168,6 +176,7 @@ class _Reader:
 
 
 QUEUE_REDIS_VAR: Final = "CONTEXTLOG_QUEUE_REDIS_URL"
+ACCEPT_EVICTION_VAR: Final = "CONTEXTLOG_ACCEPT_EVICTION"
 
 
 def _queue_redis_url(r: _Reader, redis_url: str) -> str:
@@ -270,6 +279,13 @@ def _choice(options: tuple[str, ...]) -> Callable[[str, str], str]:
         return raw.lower()
 
     return parse
+
+
+def _flag(name: str, raw: str) -> bool:
+    value = raw.lower()
+    if value not in ("1", "true", "yes", "0", "false", "no"):
+        raise ConfigError(f"{name} must be 1, true, yes, 0, false or no: {raw!r}")
+    return value in ("1", "true", "yes")
 
 
 def _name(name: str, raw: str) -> str:
