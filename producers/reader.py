@@ -423,10 +423,10 @@ class ContextReader(_Reader):
         `Unavailable` when Postgres has not answered."""
         deadline = deadline or _deadline(READ_TIMEOUT_S)
         if self.pool.closed:
-            try:
-                self.pool.open(wait=True, timeout=min(10.0, deadline - time.monotonic()))
-            except psycopg.Error as e:
-                raise Unavailable(f"Postgres: {e}") from e
+            # Not `wait=True`: a pool whose first connections time out closes for good,
+            # and the reader never recovered from a Postgres down at its first read. The
+            # wait for a connection is `_guarded`'s, bounded by the deadline.
+            self.pool.open(wait=False)
         return self._guarded(deadline)
 
     @contextmanager
@@ -547,13 +547,16 @@ class ContextReader(_Reader):
         fetch what changed. With a `deadline`, Postgres waits until WAIT_MARGIN_S before it."""
         wait = timeout if deadline is None else _wait_budget(deadline)  # Postgres waits this long
         params = {"event_id": event_id, "agent": agent, "channel": channel, "timeout": wait}
-        # Alone: a LISTEN takes effect when its transaction commits and a pipeline's
-        # statements share one, so the waiting statement would not be signalled.
-        conn.execute(query("listen_commits"))
         listening = True
         try:
             try:
-                with conn.pipeline():
+                with conn.pipeline() as pipeline:
+                    # A LISTEN takes effect when its transaction commits, and a pipeline's
+                    # statements share one up to a sync: synced before the wait, it is in
+                    # effect when the wait begins, and costs no round trip of its own
+                    # (one of the three a read took; at 150-300 ms of latency, a second).
+                    conn.execute(query("listen_commits"))
+                    pipeline.sync()
                     waited = conn.execute(query(look), params)
                     conn.execute(query("unlisten_commits"))
                     collect = then(conn) if then else None
@@ -688,11 +691,12 @@ class AsyncContextReader(_Reader):
         """`ContextReader._wait`, for asyncio."""
         wait = timeout if deadline is None else _wait_budget(deadline)  # Postgres waits this long
         params = {"event_id": event_id, "agent": agent, "channel": channel, "timeout": wait}
-        await conn.execute(query("listen_commits"))  # alone: see `ContextReader._wait`
         listening = True
         try:
             try:
-                async with conn.pipeline():
+                async with conn.pipeline() as pipeline:
+                    await conn.execute(query("listen_commits"))  # see `ContextReader._wait`
+                    await pipeline.sync()
                     waited = await conn.execute(query(look), params)
                     await conn.execute(query("unlisten_commits"))
                     collect = await then(conn) if then else None
@@ -710,10 +714,7 @@ class AsyncContextReader(_Reader):
         """`ContextReader.connection`, for asyncio."""
         deadline = deadline or _deadline(READ_TIMEOUT_S)
         if self.pool.closed:
-            try:
-                await self.pool.open(wait=True, timeout=min(10.0, deadline - time.monotonic()))
-            except psycopg.Error as e:
-                raise Unavailable(f"Postgres: {e}") from e
+            await self.pool.open(wait=False)  # see `ContextReader.connection`
         return self._aguarded(deadline)
 
     @asynccontextmanager
