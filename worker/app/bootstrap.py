@@ -31,7 +31,7 @@ from contextlog.worker.app.config import QUEUE_REDIS_VAR, Settings
 from contextlog.worker.effects.notify import RedisNotifier
 from contextlog.worker.effects.relay import Relay
 from contextlog.worker.ingest.loop import Ingest
-from contextlog.worker.ingest.streams import Streams
+from contextlog.worker.ingest.streams import Streams, set_absent
 from contextlog.worker.store.eventlog import (
     IDLE_TRANSACTION_FLOOR_S,
     EventLog,
@@ -210,7 +210,7 @@ def run_migrations(settings: Settings) -> list[str]:
 
 def claim_shard_count(client: SyncClient, shards: int) -> None:
     """Record the shard count for producers, or refuse to run with a different one."""
-    client.set(keys.SHARDS_KEY, shards, nx=True)
+    set_absent(client, keys.SHARDS_KEY, shards)  # on a full Redis too: ingest drains it
     current = int(client.get(keys.SHARDS_KEY) or shards)
     if current != shards:
         raise ConfigError(

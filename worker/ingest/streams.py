@@ -148,20 +148,7 @@ class Streams:
         return int(epoch) or None
 
     def _eval(self, script: str, script_keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """EVAL `script`; on a full Redis, again as `allow-oom` (see ALLOW_OOM). A plain
-        EVAL with the text: scripts are a few dozen bytes, and a replica a failover
-        promoted, or a Redis restarted, has none loaded."""
-        try:
-            return self.redis.eval(script, len(script_keys), *script_keys, *args)
-        except redis.ResponseError as full:
-            if not is_full(full):
-                raise
-            try:
-                return self.redis.eval(ALLOW_OOM + script, len(script_keys), *script_keys, *args)
-            except redis.ResponseError as e:
-                if _no_script_flags(e):
-                    raise full from None  # Redis 6: wait for memory
-                raise
+        return eval_even_full(self.redis, script, script_keys, args)
 
     def renew(self, shards: Sequence[int], ttl_ms: int) -> list[int]:
         """Extend our leases; returns the shards whose lease we no longer hold."""
@@ -450,6 +437,33 @@ class Streams:
         # approximate=False: an approximate MINID trim may keep more, never less, but an
         # exact one makes the stream length a true measure of what is left to do.
         return int(self.redis.xtrim(stream, minid=floor, approximate=False))
+
+
+def eval_even_full(
+    client: Any, script: str, script_keys: Sequence[str], args: Sequence[Any]
+) -> Any:
+    """EVAL `script`; on a full Redis, again as `allow-oom` (see ALLOW_OOM). A plain EVAL
+    with the text: scripts are a few dozen bytes, and a replica a failover promoted, or a
+    Redis restarted, has none loaded."""
+    try:
+        return client.eval(script, len(script_keys), *script_keys, *args)
+    except redis.ResponseError as full:
+        if not is_full(full):
+            raise
+        try:
+            return client.eval(ALLOW_OOM + script, len(script_keys), *script_keys, *args)
+        except redis.ResponseError as e:
+            if _no_script_flags(e):
+                raise full from None  # Redis 6: wait for memory
+            raise
+
+
+_SET_ABSENT: Final = "return redis.call('SET', KEYS[1], ARGV[1], 'NX')"
+
+
+def set_absent(client: Any, key: str, value: Any) -> None:
+    """SET NX, also on a full Redis (7.0+): a start-up note of a few bytes."""
+    eval_even_full(client, _SET_ABSENT, [key], [value])
 
 
 def _letter_keys(shard: int) -> list[str]:
