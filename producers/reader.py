@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, Final, TypeVar
+from typing import Any, Final, ParamSpec, TypeVar
 
 import msgspec
 import psycopg
@@ -209,6 +210,58 @@ def _no_answer(error: BaseException) -> Unavailable:
         f"Postgres did not answer in time (the call's timeout + {WAIT_MARGIN_S:g}s): the "
         f"connection was closed ({error})"
     )
+
+
+class _Lost(Unavailable):
+    """A pooled connection turned out to be broken (reset, closed while it sat idle in
+    the pool): the request may never have reached Postgres."""
+
+
+def _lost(error: BaseException) -> Unavailable:
+    return _Lost(f"Postgres: {' '.join(str(error).split())}")
+
+
+R = TypeVar("R")
+P = ParamSpec("P")
+
+
+def _once_more(read: Callable[P, R]) -> Callable[P, R]:
+    """Run a read again, on another connection, when its pooled one was broken (every
+    idle connection after a reset or a restart of Postgres, each found only when used):
+    within what is left of its `timeout`, so the bound holds. Reads change nothing."""
+
+    @functools.wraps(read)
+    def again(*args: P.args, **kwargs: P.kwargs) -> R:
+        started = time.monotonic()
+        try:
+            return read(*args, **kwargs)
+        except _Lost:
+            if (left := _left(kwargs, started)) <= 0:
+                raise
+            return read(*args, **{**kwargs, "timeout": left})  # type: ignore[arg-type]
+
+    return again
+
+
+def _once_more_async(read: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """`_once_more`, for asyncio."""
+
+    @functools.wraps(read)
+    async def again(*args: P.args, **kwargs: P.kwargs) -> R:
+        started = time.monotonic()
+        try:
+            return await read(*args, **kwargs)
+        except _Lost:
+            if (left := _left(kwargs, started)) <= 0:
+                raise
+            return await read(*args, **{**kwargs, "timeout": left})  # type: ignore[arg-type]
+
+    return again
+
+
+def _left(kwargs: dict[str, Any], started: float) -> float:
+    """What is left of a read's `timeout` (2 s by default) since `started`."""
+    return float(kwargs.get("timeout", 2.0)) - (time.monotonic() - started)
 
 
 def _no_connection(error: BaseException) -> Unavailable:
@@ -439,16 +492,15 @@ class ContextReader(_Reader):
             ):
                 try:
                     yield conn
-                except psycopg.Error as e:
-                    if guard.cut:
-                        raise _no_answer(e) from e
-                    raise
+                except psycopg.OperationalError as e:  # the connection, not the request
+                    raise _no_answer(e) if guard.cut else _lost(e) from e
                 finally:
                     if guard.cut:
                         conn.close()  # cut: the pool must not hand it out again
         except PoolTimeout as e:
             raise _no_connection(e) from e
 
+    @_once_more
     def context(
         self,
         agent: str,
@@ -608,6 +660,7 @@ class AsyncContextReader(_Reader):
         primary = AsyncConnectionPool(url, configure=_aconfigure, **_pool_options(url))
         return cls(primary, replica=replica, **kwargs)
 
+    @_once_more_async
     async def context(
         self,
         agent: str,
@@ -725,10 +778,8 @@ class AsyncContextReader(_Reader):
                 with self.watchdog.guard(conn.fileno(), deadline) as guard:
                     try:
                         yield conn
-                    except psycopg.Error as e:
-                        if guard.cut:
-                            raise _no_answer(e) from e
-                        raise
+                    except psycopg.OperationalError as e:  # the connection, not the request
+                        raise _no_answer(e) if guard.cut else _lost(e) from e
                     finally:
                         if guard.cut:
                             await conn.close()  # cut: the pool must not hand it out again

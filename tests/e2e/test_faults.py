@@ -600,11 +600,12 @@ def test_a_black_holed_postgres_is_noticed_reported_and_ridden_out(
     make_stack: Callable[..., Stack],
 ) -> None:
     """Postgres black-holed for 8 s (a half-open connection: nothing answers, nothing
-    closes) under 300 events/s into two ingests through a proxy: a reader's
-    `context(wait_for=, timeout=2)` ends within 3 s with `Unavailable`, `status` says
-    ingest cannot use Postgres, an ingest SIGTERMed in the hole exits within its 3 s
-    grace, and once the hole heals ingest carries on by itself: every event stored once,
-    in order. Before: ingest stored nothing and ignored SIGTERM, the read hung."""
+    closes), then refusing connections, under 300 events/s into two ingests through a
+    proxy: a reader's `context(wait_for=, timeout=2)` ends within 3 s with `Unavailable`,
+    `status` says ingest cannot use Postgres, an ingest SIGTERMed in the hole exits within
+    its 3 s grace, and once Postgres is back ingest carries on by itself: every event
+    stored once, in order. Before: ingest stored nothing and ignored SIGTERM, the read
+    hung, and status stayed healthy."""
     stack = make_stack()
     proxy, url = proxied(stack.database_url, postgres_upstream(stack.database_url))
     env = {"DATABASE_URL": url, "CONTEXTLOG_LEASE_SECONDS": "3", "CONTEXTLOG_STOP_GRACE": "3"}
@@ -634,6 +635,18 @@ def test_a_black_holed_postgres_is_noticed_reported_and_ridden_out(
             proxy.heal()
             stack.start(second)
             grows(stack, load)
+            proxy.down()  # refused: connections reset, new ones refused
+            started = time.monotonic()
+            with pytest.raises(Unavailable):
+                reader.context("probe", "c", wait_for=probe, timeout=2.0)
+            refused_s = time.monotonic() - started
+            until(
+                lambda: any("ingest cannot use Postgres" in p for p in stack.problems()),
+                10,
+                lambda: f"status to report the refusals: {stack.problems()}",
+            )
+            proxy.up()
+            grows(stack, load)
         stack.wait_stored(load)
         ctx = reader.context("probe", "c", wait_for=probe, timeout=2.0)
         assert not stack.problems()
@@ -642,12 +655,14 @@ def test_a_black_holed_postgres_is_noticed_reported_and_ridden_out(
         producer.close()
         proxy.close()
     assert read_s <= 2.0 + WAIT_MARGIN_S + 0.3, f"the read took {read_s:.1f}s"
+    assert refused_s <= 2.0 + WAIT_MARGIN_S + 0.3, f"the refused read took {refused_s:.1f}s"
     assert stop_s <= GRACE_S + EXIT_SLACK_S and code in (0, EXIT_FORCED), (stop_s, code)
     assert [m["content"][0]["text"] for m in ctx.messages] == ["stored after the hole"]
     stack.assert_running()
     assert_exactly_once_in_order(stack.database_url, load)
-    print(f"{load.total} events; read ended after {read_s:.1f}s, status reported the hole "
-          f"after {noticed_s:.1f}s, SIGTERM took {stop_s:.1f}s (exit {code})")  # fmt: skip
+    print(f"{load.total} events; read ended after {read_s:.1f}s in the hole, "
+          f"{refused_s:.1f}s refused; status reported the hole after {noticed_s:.1f}s; "
+          f"SIGTERM took {stop_s:.1f}s (exit {code})")  # fmt: skip
 
 
 @pytest.mark.timeout(120)

@@ -222,9 +222,10 @@ def stuck_problems(rows: list[ShardStatus]) -> list[str]:
             continue  # a backlog, being worked through
         since = "has never committed" if idle is None else f"has committed nothing for {idle:.0f} s"
         count = row.pending + (row.lag or 0)
+        entries = "1 entry waits" if count == 1 else f"{count} entries wait"
         out.append(
             f"ingest is stuck on shard {row.shard}: {row.owner} holds it and {since} while "
-            f"{count} entries wait (the oldest for {waiting:.0f} s)"
+            f"{entries} (the oldest for {waiting:.0f} s)"
         )
     return out
 
