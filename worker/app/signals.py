@@ -54,16 +54,16 @@ class Stopper:
             signal.signal(sig, self.request)
 
     def request(self, *_: object) -> None:
-        """Ask the process to stop; the first call arms the forced exit."""
+        """Ask the process to stop; the first call arms the forced exit. Nothing here
+        logs: a signal handler runs between two steps of the main thread, which may hold
+        the log's lock, and would wait for itself."""
+        if self._armed is None:
+            timer = self._timer(self.grace, self._force)
+            if isinstance(timer, threading.Thread):
+                timer.daemon = True  # it must not keep a process that stopped in time alive
+            timer.start()
+            self._armed = timer
         self.stop.set()
-        if self._armed is not None:
-            return
-        log.info("stop requested", grace_s=self.grace)
-        timer = self._timer(self.grace, self._force)
-        if isinstance(timer, threading.Thread):
-            timer.daemon = True  # it must not keep a process that stopped in time alive
-        timer.start()
-        self._armed = timer
 
     def _force(self) -> None:
         log.error(
