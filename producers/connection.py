@@ -85,7 +85,7 @@ def connect(url: str, **kwargs: Any) -> SyncClient:
     timeouts). A `Redis` connects on first use; a `RedisCluster` asks a node for the slot
     map at once (redis-py's sync client has no lazy start), so an unreachable cluster is
     `Unavailable` here."""
-    kwargs = options(**kwargs)
+    kwargs = options(url, **kwargs)
     if not is_cluster_url(url):
         return redis.Redis.from_url(url, **kwargs)
     try:
@@ -94,11 +94,15 @@ def connect(url: str, **kwargs: Any) -> SyncClient:
         raise Unavailable(f"cannot reach the Redis Cluster at {_where(url)}: {e}") from e
 
 
-def options(**kwargs: Any) -> dict[str, Any]:
-    """Client options: TCP keepalives, a connect timeout and a SOCKET_TIMEOUT_S answer
-    timeout (`liveness`), each overridden by `kwargs` (`socket_timeout=None` for a client
-    that blocks as long as its caller asks)."""
-    return {**liveness.redis_options(SOCKET_TIMEOUT_S), **kwargs}
+def options(url: str, **kwargs: Any) -> dict[str, Any]:
+    """Options of a client for `url`: TCP keepalives (not on a unix socket, which has
+    none), a connect timeout and a SOCKET_TIMEOUT_S answer timeout (`liveness`), each
+    overridden by `kwargs` (`socket_timeout=None` for a client that blocks as long as its
+    caller asks)."""
+    defaults = liveness.redis_options(SOCKET_TIMEOUT_S)
+    if urlsplit(url).scheme == "unix":
+        defaults = {k: v for k, v in defaults.items() if not k.startswith("socket_keepalive")}
+    return {**defaults, **kwargs}
 
 
 def _where(url: str) -> str:
@@ -109,7 +113,7 @@ def _where(url: str) -> str:
 
 def connect_async(url: str, **kwargs: Any) -> AsyncClient:
     """`connect` for asyncio adapters (the asyncio cluster client starts on first use)."""
-    kwargs = options(**kwargs)
+    kwargs = options(url, **kwargs)
     if is_cluster_url(url):
         return AsyncRedisCluster.from_url(cluster_node_url(url), **kwargs)
     return aioredis.Redis.from_url(url, **kwargs)

@@ -85,3 +85,10 @@ def test_the_watchdog_cuts_a_call_still_running_at_its_deadline() -> None:
         assert guard.cut and not kept.cut and watchdog.cuts == 1
         d.sendall(b"x")
         assert c.recv(1) == b"x"  # the socket left in time still works
+
+
+def test_a_unix_socket_client_gets_its_timeouts_and_no_tcp_options() -> None:
+    client: Any = connection.connect("unix:///tmp/contextlog-none.sock?db=3")
+    made = client.connection_pool.make_connection()  # builds, does not connect
+    assert made.socket_timeout == connection.SOCKET_TIMEOUT_S
+    assert "socket_keepalive" not in client.connection_pool.connection_kwargs

@@ -82,7 +82,7 @@ def queue_client(settings: Settings) -> redis.Redis:
     RQ's dequeue blocks for 15 s (worker_ttl - 15)."""
     return redis.Redis.from_url(
         settings.queue_redis_url,
-        **connection.options(socket_timeout=30, health_check_interval=15),
+        **connection.options(settings.queue_redis_url, socket_timeout=30, health_check_interval=15),
     )
 
 

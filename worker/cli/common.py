@@ -74,7 +74,9 @@ def queue_client(settings: Settings) -> redis.Redis:
     """A client for the queue Redis (`CONTEXTLOG_QUEUE_REDIS_URL`, default REDIS_URL)."""
     return redis.Redis.from_url(
         settings.queue_redis_url,
-        **connection.options(socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=30),
+        **connection.options(
+            settings.queue_redis_url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=30
+        ),
     )
 
 
