@@ -18,8 +18,10 @@ import datetime as dt
 import itertools
 import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +29,9 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import psycopg
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
@@ -81,10 +85,16 @@ def make_stack(cluster: PostgresCluster, tmp_path: Path) -> Iterator[Callable[..
     """Builds a Stack on a fresh database and a new private Redis; stops it afterwards."""
     built: list[Stack] = []
 
-    def make(*, appendonly: bool = True, redis_options: tuple[str, ...] = ()) -> Stack:
+    def make(
+        *,
+        appendonly: bool = True,
+        redis_options: tuple[str, ...] = (),
+        tablespace: str | None = None,
+    ) -> Stack:
         if not cluster.running():
             cluster.start()  # a test that crashed it failed before restarting it
-        db = services.create_database(cluster.url, f"faults_{next(_databases)}")
+        name = f"faults_{next(_databases)}"
+        db = services.create_database(cluster.url, name, tablespace)
         workdir = tmp_path / f"redis-{len(built)}"
         rds = RedisServer(appendonly=appendonly, workdir=workdir, extra=redis_options)
         rds.dir.mkdir()
@@ -922,3 +932,64 @@ def test_a_push_whose_answer_is_lost_is_stored_once(make_stack: Callable[..., St
         "SELECT event_id::text, payload->>'content' FROM events WHERE agent = 'lost' ORDER BY seq"
     )
     assert rows == [(first, "first"), (second, "second")]
+
+
+# -- a full disk ---------------------------------------------------------------------------
+
+DISK_MB = 8  # the database's own disk: its tables and indexes, not the WAL
+
+
+@contextmanager
+def small_disk(owner: str | None) -> Iterator[tuple[Path, Callable[[int], None]]]:
+    """A tmpfs of DISK_MB (root only) owned by `owner`, where Postgres's OS user can reach
+    it; yields where it is and how to resize it (MiB), and removes it at the end."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        services.unavailable("a small disk (a tmpfs)", "mounting one needs root")
+    path = Path(tempfile.mkdtemp(prefix="contextlog-disk-"))
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m", "tmpfs", str(path)],
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        path.rmdir()
+        services.unavailable("a small disk (a tmpfs)", done.stderr.strip())
+    if owner is not None:
+        shutil.chown(path, owner, owner)
+
+    def resize(mib: int) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={mib}m", str(path)], check=True)
+
+    try:
+        yield path, resize
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+        path.rmdir()
+
+
+@pytest.mark.timeout(150)
+def test_a_full_disk_is_reported_and_ridden_out(
+    cluster: PostgresCluster, make_stack: Callable[..., Stack]
+) -> None:
+    """The database on its own 8 MiB disk, filled by 1,000 events/s: Postgres refuses
+    writes (No space left on device), ingest retries without acknowledging anything,
+    `status` says Postgres refuses writes for a full disk, and once the disk grows every
+    event is stored once, in order. Before: status stayed healthy (ingest held its
+    leases)."""
+    with small_disk(cluster.user) as (disk, resize):
+        with psycopg.connect(cluster.url, autocommit=True) as admin:
+            admin.execute(f"CREATE TABLESPACE small LOCATION '{disk}'")
+        stack = make_stack(tablespace="small")
+        try:
+            stack.add_ingest()
+            with Load(stack.redis.url, rate=1000) as load:
+                reported(stack, "Postgres refuses writes: its disk is full", 60)
+                resize(64)
+                grows(stack, load)
+            stack.wait_stored(load)
+            assert_exactly_once_in_order(stack.database_url, load)
+            until(lambda: not stack.problems(), 30, lambda: f"healthy: {stack.problems()}")
+        finally:
+            stack.close()
+            name = urlsplit(stack.database_url).path.lstrip("/")
+            services.drop_database(cluster.url, name)
+            with psycopg.connect(cluster.url, autocommit=True) as admin:
+                admin.execute("DROP TABLESPACE IF EXISTS small")
+    print(f"{load.total} events through a full disk")

@@ -156,7 +156,7 @@ class Stack:
     def problems(self) -> list[str]:
         """What `contextlog status --json` says is wrong (empty when healthy)."""
         done = self.cli("status", "--json")
-        assert done.returncode in (0, 1), f"status failed ({done.returncode}): {done.stderr}"
+        assert done.returncode in (0, 1) and done.stdout, f"status: {done.returncode} {done.stderr}"
         problems: list[str] = json.loads(done.stdout)["problems"]
         return problems
 

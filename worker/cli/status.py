@@ -147,8 +147,8 @@ def _shard(
     if group is not None and group["pending"]:
         summary = client.xpending(stream, keys.INGEST_GROUP)
         pending = int(summary["pending"])
-        oldest = summary["min"].decode() if isinstance(summary["min"], bytes) else summary["min"]
-        age = max(0.0, (now_ms - entry_time_ms(oldest)) / 1000)
+        if summary["min"] is not None:  # None: acknowledged since XINFO GROUPS looked
+            age = max(0.0, (now_ms - entry_time_ms(_text(summary["min"]))) / 1000)
     waiting = (
         age if age is not None or not lag else _first_undelivered_age(client, stream, group, now_ms)
     )
