@@ -193,7 +193,10 @@ def _now() -> dt.datetime:
 # WAIT_MARGIN_S before the deadline, which leaves its answer a round trip to come back,
 # and at the deadline the watchdog cuts the connection (`liveness.Watchdog`).
 WAIT_MARGIN_S: Final = 1.0
-READ_TIMEOUT_S: Final = 10.0  # the same bound for calls without a timeout (sessions, ...)
+READ_TIMEOUT_S: Final = 10.0  # the same bound for the reads without a timeout (sessions)
+# A connection taken without a deadline (`connection()`: the worker's sweeps and jobs,
+# export) is cut after this: one query over every conversation may take a while.
+CONNECTION_TIMEOUT_S: Final = 60.0
 
 
 def _deadline(timeout: float) -> float:
@@ -474,7 +477,7 @@ class ContextReader(_Reader):
         """A pooled connection (a context manager); the pool opens on first use. With a
         `deadline` (`time.monotonic()`), getting the connection and using it end by then:
         `Unavailable` when Postgres has not answered."""
-        deadline = deadline or _deadline(READ_TIMEOUT_S)
+        deadline = deadline or _deadline(CONNECTION_TIMEOUT_S)
         if self.pool.closed:
             # Not `wait=True`: a pool whose first connections time out closes for good,
             # and the reader never recovered from a Postgres down at its first read. The
@@ -576,7 +579,7 @@ class ContextReader(_Reader):
         """The read `send` queues (`replica.fetch_sent`), on the replica (within its lag
         bound) or else the primary."""
         if self.replica is None:
-            with self.connection() as conn:
+            with self.connection(_deadline(READ_TIMEOUT_S)) as conn:
                 return fetch_sent(conn, send)
         return self.replica.read(send, None, self.connection).value
 
@@ -726,7 +729,7 @@ class AsyncContextReader(_Reader):
     async def _read(self, send: ASend[T]) -> T:
         """`ContextReader._read`, for asyncio."""
         if self.replica is None:
-            async with await self._aconn() as conn:
+            async with await self._aconn(_deadline(READ_TIMEOUT_S)) as conn:
                 return await afetch_sent(conn, send)
         return (await self.replica.read(send, None, self._aconn)).value
 
@@ -765,7 +768,7 @@ class AsyncContextReader(_Reader):
 
     async def _aconn(self, deadline: float | None = None) -> Any:
         """`ContextReader.connection`, for asyncio."""
-        deadline = deadline or _deadline(READ_TIMEOUT_S)
+        deadline = deadline or _deadline(CONNECTION_TIMEOUT_S)
         if self.pool.closed:
             await self.pool.open(wait=False)  # see `ContextReader.connection`
         return self._aguarded(deadline)
