@@ -116,13 +116,17 @@ class Watchdog:
         g = Guard(fd, due)
         with self._wake:
             self._start()
+            sooner = not self._heap or due < self._heap[0][0]
             heapq.heappush(self._heap, (due, next(self._order), g))
-            self._wake.notify()
+            if sooner:  # the thread sleeps until the soonest deadline: wake it for this one
+                self._wake.notify()
         try:
             yield g
         finally:
             with self._wake:
                 g.done = True  # never cut once the block has left: the fd may be reused
+                while self._heap and self._heap[0][2].done:
+                    heapq.heappop(self._heap)
 
     def _start(self) -> None:
         if self._pid != os.getpid():
