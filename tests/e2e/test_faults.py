@@ -661,6 +661,39 @@ def test_a_black_holed_postgres_is_noticed_reported_and_ridden_out(
           f"SIGTERM took {stop_s:.1f}s (exit {code})")  # fmt: skip
 
 
+@pytest.mark.timeout(90)
+def test_a_locked_log_bounds_reads_and_is_named_by_ingest(
+    make_stack: Callable[..., Stack],
+) -> None:
+    """`LOCK TABLE events` held by another session: a `wait_for` read with a 2 s timeout
+    ends within 3 s (`Unavailable`), ingest's warning names a lock it waits for, not its
+    checkpoint, and once the lock is gone the event is stored and read. Before: the read
+    took as long as the lock was held (30.4 s for 30 s)."""
+    stack = make_stack()
+    ingest = stack.add_ingest()
+    reader = ContextReader.from_url(stack.database_url)
+    producer = Producer.from_url(stack.redis.url, shards=SHARDS)
+    try:
+        reader.context("probe", "c")
+        with psycopg.connect(stack.database_url) as lock:
+            lock.execute("LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
+            probe = producer.post_message("probe", "c", "user", "stored after the lock")
+            locked_s = unavailable_within(reader, probe)
+            until(
+                lambda: "a lock it needs is held elsewhere" in ingest.tail(),
+                30,
+                lambda: f"ingest to name the lock\n{ingest.tail()}",
+            )
+        ctx = reader.context("probe", "c", wait_for=probe, timeout=10.0)
+    finally:
+        reader.close()
+        producer.close()
+    assert locked_s <= 2.0 + WAIT_MARGIN_S + 0.3, f"the locked read took {locked_s:.1f}s"
+    assert [m["content"][0]["text"] for m in ctx.messages] == ["stored after the lock"]
+    stack.assert_running()
+    print(f"a wait_for read under LOCK TABLE ended after {locked_s:.1f}s")
+
+
 def unavailable_within(reader: ContextReader, event_id: str) -> float:
     """How long a `wait_for` read with a 2 s timeout took to raise `Unavailable`."""
     started = time.monotonic()
