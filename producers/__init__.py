@@ -13,6 +13,7 @@ from contextlog.schema.errors import (
     EventRejected,
     EventTooLarge,
     NotVisible,
+    PushUncertain,
     Refused,
     Unavailable,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "Notice",
     "Notifications",
     "Producer",
+    "PushUncertain",
     "Refused",
     "SessionInfo",
     "SessionPage",

@@ -175,7 +175,10 @@ class Notifications(_Core):
     ) -> Notifications:
         """A consumer on the Redis (or Redis Cluster: `redis+cluster://`) at `redis_url`,
         its database number honoured."""
-        return cls(connection.connect(redis_url), source, group=group, consumer=consumer)
+        # No answer timeout: a read blocks as long as its caller asks (`block_ms=0`: for
+        # ever); keepalives still drop a connection whose peer is gone (`liveness`).
+        client = connection.connect(redis_url, socket_timeout=None)
+        return cls(client, source, group=group, consumer=consumer)
 
     def read(
         self, count: int = DEFAULT_COUNT, block_ms: int | None = DEFAULT_BLOCK_MS
@@ -293,7 +296,8 @@ class AsyncNotifications(_Core):
     ) -> AsyncNotifications:
         """A consumer on the Redis (or Redis Cluster: `redis+cluster://`) at `redis_url`,
         its database number honoured."""
-        return cls(connection.connect_async(redis_url), source, group=group, consumer=consumer)
+        client = connection.connect_async(redis_url, socket_timeout=None)  # see Notifications
+        return cls(client, source, group=group, consumer=consumer)
 
     async def read(
         self, count: int = DEFAULT_COUNT, block_ms: int | None = DEFAULT_BLOCK_MS

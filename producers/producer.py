@@ -14,7 +14,7 @@ from contextlog.producers import connection
 from contextlog.producers.commands import Batch, Commands, Encoder, Prepared, utcnow
 from contextlog.schema import attachments, codec, keys, signing
 from contextlog.schema import events as ev
-from contextlog.schema.errors import Unavailable
+from contextlog.schema.errors import PushUncertain, Unavailable
 
 
 def _one_shard(prepared: list[Prepared]) -> None:
@@ -88,6 +88,52 @@ def _fields(p: Prepared) -> dict[bytes, bytes]:
     return {codec.ENTRY_FIELD: p.payload, signing.SIGNATURE_FIELD: p.signature}
 
 
+# The connection broke or timed out: if it happened after sending, Redis may have acted.
+_LOST: Final = (redis.ConnectionError, redis.TimeoutError)
+
+
+def _sent(error: BaseException) -> bool:
+    """Whether a lost connection may have carried the request: not if it never connected
+    (redis-py says "Error 111 connecting to ...", "Timeout connecting to server")."""
+    return "connecting to" not in str(error)
+
+
+def _refused(error: redis.RedisError) -> Unavailable:
+    """Redis refused the whole push: nothing of it was stored."""
+    if isinstance(error, redis.exceptions.OutOfMemoryError):
+        return Unavailable(
+            f"Redis is full (at its maxmemory, it refuses new entries): nothing of this push "
+            f"was stored; retry once ingest has drained the streams, or raise maxmemory "
+            f"({error})"
+        )
+    return Unavailable(f"could not push to Redis (nothing of it was stored): {error}")
+
+
+def _uncertain(prepared: list[Prepared], why: str) -> PushUncertain:
+    return PushUncertain(
+        f"Redis may have stored this push ({why}): retry with producer.resend(error), which "
+        f"sends the same {len(prepared)} events again (stored once), not the calls again",
+        [p.event_id for p in prepared],
+        tuple(prepared),
+    )
+
+
+def _outcome(prepared: list[Prepared], replies: list[Any]) -> None:
+    """Raise if Redis refused some or all of a pipeline (`execute(raise_on_error=False)`):
+    all refused, nothing was stored; some, the others were."""
+    errors = [r for r in replies if isinstance(r, redis.RedisError)]
+    if not errors:
+        return
+    if len(errors) == len(replies):
+        raise _refused(errors[0]) from errors[0]
+    why = f"Redis took {len(replies) - len(errors)} of its {len(replies)} commands: {errors[0]}"
+    raise _uncertain(prepared, why) from errors[0]
+
+
+def _resent(error: PushUncertain) -> list[Prepared]:
+    return [p for p in error.entries if isinstance(p, Prepared)]
+
+
 class _Base:
     def __init__(
         self,
@@ -141,19 +187,42 @@ class Producer(_Base, Commands[str]):
         self.send_prepared(b.prepared)
 
     def send_prepared(self, prepared: list[Prepared], *, atomic: bool = False) -> list[str]:
-        """XADD already-checked entries in one round trip."""
+        """XADD already-checked entries in one round trip. `Unavailable` when nothing was
+        stored (Redis down, or full); `PushUncertain` when some may have been (retry with
+        `resend`). An answer lost after sending is retried once, with the same entries."""
         if atomic and connection.is_cluster(self.redis):
             _one_shard(prepared)
         try:
             if not self._shards_checked:
                 keys.check_shards(self.redis.get(keys.SHARDS_KEY), self.encoder.shards)
                 self._shards_checked = True
-            pipe = self.redis.pipeline(transaction=atomic or _with_blobs(prepared))
-            _queue(pipe, prepared, self.encoder.limits.ttl_s)
-            pipe.execute()
+            try:
+                replies = self._execute(prepared, atomic)
+            except _LOST as lost:
+                if not _sent(lost):
+                    raise
+                replies = self._again(prepared, atomic, lost)
         except redis.RedisError as e:
-            raise Unavailable(f"could not push to Redis: {e}") from e
+            raise _refused(e) from e
+        _outcome(prepared, replies)
         return [p.event_id for p in prepared]
+
+    def resend(self, error: PushUncertain) -> list[str]:
+        """Send again the entries of a push that may have been stored (same event ids)."""
+        return self.send_prepared(_resent(error))
+
+    def _execute(self, prepared: list[Prepared], atomic: bool) -> list[Any]:
+        pipe = self.redis.pipeline(transaction=atomic or _with_blobs(prepared))
+        _queue(pipe, prepared, self.encoder.limits.ttl_s)
+        return pipe.execute(raise_on_error=False)
+
+    def _again(self, prepared: list[Prepared], atomic: bool, lost: Exception) -> list[Any]:
+        """Redis may have acted on the push and its answer was lost: send the same entries
+        once more (the same event ids, which ingest stores once)."""
+        try:
+            return self._execute(prepared, atomic)
+        except redis.RedisError as e:
+            raise _uncertain(prepared, f"its answer was lost: {lost}; and again: {e}") from e
 
     def close(self) -> None:
         """Close the Redis connections."""
@@ -187,17 +256,37 @@ class AsyncProducer(_Base, Commands[Any]):
         await self.send_prepared(b.prepared)
 
     async def send_prepared(self, prepared: list[Prepared]) -> list[str]:
-        """XADD already-checked entries in one round trip."""
+        """`Producer.send_prepared`, for asyncio."""
         try:
             if not self._shards_checked:
                 keys.check_shards(await self.redis.get(keys.SHARDS_KEY), self.encoder.shards)
                 self._shards_checked = True
-            pipe = self.redis.pipeline(transaction=_with_blobs(prepared))
-            _queue(pipe, prepared, self.encoder.limits.ttl_s)
-            await pipe.execute()
+            try:
+                replies = await self._execute(prepared)
+            except _LOST as lost:
+                if not _sent(lost):
+                    raise
+                replies = await self._again(prepared, lost)
         except redis.RedisError as e:
-            raise Unavailable(f"could not push to Redis: {e}") from e
+            raise _refused(e) from e
+        _outcome(prepared, replies)
         return [p.event_id for p in prepared]
+
+    async def resend(self, error: PushUncertain) -> list[str]:
+        """`Producer.resend`, for asyncio."""
+        return await self.send_prepared(_resent(error))
+
+    async def _execute(self, prepared: list[Prepared]) -> list[Any]:
+        pipe = self.redis.pipeline(transaction=_with_blobs(prepared))
+        _queue(pipe, prepared, self.encoder.limits.ttl_s)
+        return await pipe.execute(raise_on_error=False)
+
+    async def _again(self, prepared: list[Prepared], lost: Exception) -> list[Any]:
+        """`Producer._again`, for asyncio."""
+        try:
+            return await self._execute(prepared)
+        except redis.RedisError as e:
+            raise _uncertain(prepared, f"its answer was lost: {lost}; and again: {e}") from e
 
     async def aclose(self) -> None:
         """Close the Redis connections."""

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
-from collections.abc import Awaitable, Callable, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, Final, ParamSpec, TypeVar
 
 import msgspec
 import psycopg
 import psycopg.types.json
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from contextlog.producers import attachments
+from contextlog.producers import attachments, liveness
 from contextlog.producers.context import (
     Context,
     Frame,
@@ -141,6 +144,89 @@ def _cut_short(event_id: str, timeout: float, error: psycopg.Error) -> NotVisibl
     )
 
 
+# A call with a `timeout` returns or raises within timeout + WAIT_MARGIN_S, whatever the
+# server does (a black hole, a lock, latency): Postgres waits for the event until
+# WAIT_MARGIN_S before the deadline, which leaves its answer a round trip to come back,
+# and at the deadline the watchdog cuts the connection (`liveness.Watchdog`).
+WAIT_MARGIN_S: Final = 1.0
+READ_TIMEOUT_S: Final = 10.0  # the same bound for the reads without a timeout (sessions)
+# A connection taken without a deadline (`connection()`: the worker's sweeps and jobs,
+# export) is cut after this: one query over every conversation may take a while.
+CONNECTION_TIMEOUT_S: Final = 60.0
+
+
+def _deadline(timeout: float) -> float:
+    return time.monotonic() + timeout + WAIT_MARGIN_S
+
+
+def _wait_budget(deadline: float) -> float:
+    """How long Postgres may wait for an event: until WAIT_MARGIN_S before `deadline`."""
+    return max(0.0, deadline - WAIT_MARGIN_S - time.monotonic())
+
+
+def _no_answer(error: BaseException) -> Unavailable:
+    return Unavailable(
+        f"Postgres did not answer in time (the call's timeout + {WAIT_MARGIN_S:g}s): the "
+        f"connection was closed ({error})"
+    )
+
+
+class _Lost(Unavailable):
+    """A pooled connection turned out to be broken (reset, closed while it sat idle in
+    the pool): the request may never have reached Postgres."""
+
+
+def _lost(error: BaseException) -> Unavailable:
+    return _Lost(f"Postgres: {' '.join(str(error).split())}")
+
+
+R = TypeVar("R")
+P = ParamSpec("P")
+
+
+def _once_more(read: Callable[P, R]) -> Callable[P, R]:
+    """Run a read again, on another connection, when its pooled one was broken (every
+    idle connection after a reset or a restart of Postgres, each found only when used):
+    within what is left of its `timeout`, so the bound holds. Reads change nothing."""
+
+    @functools.wraps(read)
+    def again(*args: P.args, **kwargs: P.kwargs) -> R:
+        started = time.monotonic()
+        try:
+            return read(*args, **kwargs)
+        except _Lost:
+            if (left := _left(kwargs, started)) <= 0:
+                raise
+            return read(*args, **{**kwargs, "timeout": left})  # type: ignore[arg-type]
+
+    return again
+
+
+def _once_more_async(read: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """`_once_more`, for asyncio."""
+
+    @functools.wraps(read)
+    async def again(*args: P.args, **kwargs: P.kwargs) -> R:
+        started = time.monotonic()
+        try:
+            return await read(*args, **kwargs)
+        except _Lost:
+            if (left := _left(kwargs, started)) <= 0:
+                raise
+            return await read(*args, **{**kwargs, "timeout": left})  # type: ignore[arg-type]
+
+    return again
+
+
+def _left(kwargs: dict[str, Any], started: float) -> float:
+    """What is left of a read's `timeout` (2 s by default) since `started`."""
+    return float(kwargs.get("timeout", 2.0)) - (time.monotonic() - started)
+
+
+def _no_connection(error: BaseException) -> Unavailable:
+    return Unavailable(f"Postgres: no connection in time ({error})")
+
+
 def read_params(
     agent: str, channel: str, thread: str | None, defaults: ConversationDefaults
 ) -> dict[str, Any]:
@@ -239,6 +325,7 @@ class _Reader:
         self.attachments = attachments.Cache()  # base64 of recently read attachments
         self.tails = Tails()  # where each thread's last read started
         self.replica: Replica | AsyncReplica | None = None
+        self.watchdog = liveness.Watchdog()  # cuts a call still running at its deadline
 
     @property
     def routing(self) -> dict[str, int]:
@@ -258,8 +345,12 @@ _POOL: dict[str, Any] = {
     "min_size": 1,
     "max_size": 4,
     "open": False,
-    "kwargs": {"autocommit": True},
 }
+
+
+def _pool_options(url: str) -> dict[str, Any]:
+    """A pool's options: keepalives and a connect timeout on each connection (`liveness`)."""
+    return {**_POOL, "kwargs": {"autocommit": True, **liveness.postgres_options(url)}}
 
 
 class ContextReader(_Reader):
@@ -288,19 +379,42 @@ class ContextReader(_Reader):
         replica = None
         if replica_url:
             policy = _policy(max_replica_lag, replica_wait)
-            pool = ConnectionPool(replica_url, configure=_configure, **_POOL)
+            pool = ConnectionPool(replica_url, configure=_configure, **_pool_options(replica_url))
             replica = Replica(pool, policy, timer)
-        return cls(ConnectionPool(url, configure=_configure, **_POOL), replica=replica, **kwargs)
+        primary = ConnectionPool(url, configure=_configure, **_pool_options(url))
+        return cls(primary, replica=replica, **kwargs)
 
-    def connection(self) -> Any:
-        """A pooled connection (a context manager); the pool opens on first use."""
+    def connection(self, deadline: float | None = None) -> Any:
+        """A pooled connection (a context manager); the pool opens on first use. With a
+        `deadline` (`time.monotonic()`), getting the connection and using it end by then:
+        `Unavailable` when Postgres has not answered."""
+        deadline = deadline or _deadline(CONNECTION_TIMEOUT_S)
         if self.pool.closed:
-            try:
-                self.pool.open(wait=True, timeout=10)
-            except psycopg.Error as e:
-                raise Unavailable(f"Postgres: {e}") from e
-        return self.pool.connection()
+            # Not `wait=True`: a pool whose first connections time out closes for good,
+            # and the reader never recovered from a Postgres down at its first read. The
+            # wait for a connection is `_guarded`'s, bounded by the deadline.
+            self.pool.open(wait=False)
+        return self._guarded(deadline)
 
+    @contextmanager
+    def _guarded(self, deadline: float) -> Iterator[Any]:
+        wait = max(0.0, deadline - time.monotonic())
+        try:
+            with (
+                self.pool.connection(timeout=wait) as conn,
+                self.watchdog.guard(conn.fileno(), deadline) as guard,
+            ):
+                try:
+                    yield conn
+                except psycopg.OperationalError as e:  # the connection, not the request
+                    raise _no_answer(e) if guard.cut else _lost(e) from e
+                finally:
+                    if guard.cut:
+                        conn.close()  # cut: the pool must not hand it out again
+        except PoolTimeout as e:
+            raise _no_connection(e) from e
+
+    @_once_more
     def context(
         self,
         agent: str,
@@ -313,23 +427,32 @@ class ContextReader(_Reader):
     ) -> Context:
         """The context of one thread (or the main line), valid for the Messages API;
         `wait_for`: an event id it must include (waiting up to `timeout` seconds for
-        ingest to store it); `system_messages`: the reader's setting for this read."""
+        ingest to store it); `system_messages`: the reader's setting for this read.
+        Returns or raises within `timeout` + WAIT_MARGIN_S, whatever Postgres does."""
+        deadline = _deadline(timeout)
         read = self._thread_read(agent, channel, thread)
+
+        def connect() -> Any:
+            return self.connection(deadline)
+
         if self.replica is None:
-            with self.connection() as conn:
+            with connect() as conn:
                 if wait_for is None:
                     parts = read.fetch(conn)
                 else:  # the reads ride with the looks for the event
-                    waited = self._wait(conn, wait_for, timeout, agent, channel, read.send)
+                    waited = self._wait(
+                        conn, wait_for, timeout, agent, channel, read.send, deadline=deadline
+                    )
                     assert waited[1] is not None
                     parts = waited[1]
             ctx = self._context(parts, system_messages)
-            return attachments.attach(self.connection, ctx, self.attachments)
+            return attachments.attach(connect, ctx, self.attachments)
         lsn = None
         if wait_for is not None:  # on the primary: a standby cannot LISTEN
-            with self.connection() as conn:
-                lsn = self._wait(conn, wait_for, timeout, agent, channel, look="await_event_at")[0]
-        got = self.replica.read(read.send, lsn, self.connection)
+            with connect() as conn:
+                look = "await_event_at"
+                lsn = self._wait(conn, wait_for, timeout, agent, channel, None, look, deadline)[0]
+        got = self.replica.read(read.send, lsn, connect)
         ctx = replace(self._context(got.value, system_messages), served_by=got.by)
         return attachments.attach(got.connect, ctx, self.attachments)
 
@@ -375,7 +498,7 @@ class ContextReader(_Reader):
         """The read `send` queues (`replica.fetch_sent`), on the replica (within its lag
         bound) or else the primary."""
         if self.replica is None:
-            with self.connection() as conn:
+            with self.connection(_deadline(READ_TIMEOUT_S)) as conn:
                 return fetch_sent(conn, send)
         return self.replica.read(send, None, self.connection).value
 
@@ -388,21 +511,26 @@ class ContextReader(_Reader):
         channel: str,
         then: Callable[[Any], Callable[[], T]] | None = None,
         look: str = "await_event",
+        deadline: float | None = None,
     ) -> tuple[Any, T | None]:
         """Until `event_id` is stored: Postgres waits (`contextlog_await_event`, 010),
         woken by ingest's commit notification. Returns the first column of the `look`
         query's row (see `await_event_at`) and what `then` collected: `then(conn)` sends
         the reads that follow, queued behind the wait, so they run as soon as the event
         commits, in the same round trip; with the thread's known rows (`Tails`) they
-        fetch what changed."""
-        params = {"event_id": event_id, "agent": agent, "channel": channel, "timeout": timeout}
-        # Alone: a LISTEN takes effect when its transaction commits and a pipeline's
-        # statements share one, so the waiting statement would not be signalled.
-        conn.execute(query("listen_commits"))
+        fetch what changed. With a `deadline`, Postgres waits until WAIT_MARGIN_S before it."""
+        wait = timeout if deadline is None else _wait_budget(deadline)  # Postgres waits this long
+        params = {"event_id": event_id, "agent": agent, "channel": channel, "timeout": wait}
         listening = True
         try:
             try:
-                with conn.pipeline():
+                with conn.pipeline() as pipeline:
+                    # A LISTEN takes effect when its transaction commits, and a pipeline's
+                    # statements share one up to a sync: synced before the wait, it is in
+                    # effect when the wait begins, and costs no round trip of its own
+                    # (one of the three a read took; at 150-300 ms of latency, a second).
+                    conn.execute(query("listen_commits"))
+                    pipeline.sync()
                     waited = conn.execute(query(look), params)
                     conn.execute(query("unlisten_commits"))
                     collect = then(conn) if then else None
@@ -448,11 +576,13 @@ class AsyncContextReader(_Reader):
         replica = None
         if replica_url:
             policy = _policy(max_replica_lag, replica_wait)
-            pool = AsyncConnectionPool(replica_url, configure=_aconfigure, **_POOL)
+            options = _pool_options(replica_url)
+            pool = AsyncConnectionPool(replica_url, configure=_aconfigure, **options)
             replica = AsyncReplica(pool, policy, timer)
-        primary = AsyncConnectionPool(url, configure=_aconfigure, **_POOL)
+        primary = AsyncConnectionPool(url, configure=_aconfigure, **_pool_options(url))
         return cls(primary, replica=replica, **kwargs)
 
+    @_once_more_async
     async def context(
         self,
         agent: str,
@@ -464,25 +594,33 @@ class AsyncContextReader(_Reader):
         system_messages: SystemMessages | None = None,
     ) -> Context:
         """`ContextReader.context`, for asyncio."""
+        deadline = _deadline(timeout)
+        read = self._thread_read(agent, channel, thread)
+
+        async def connect() -> Any:
+            return await self._aconn(deadline)
+
         if self.replica is None:
-            read = self._thread_read(agent, channel, thread)
-            async with await self._aconn() as conn:
+            async with await connect() as conn:
                 if wait_for is None:
                     parts = await read.afetch(conn)
                 else:  # the reads ride with the looks for the event
-                    waited = await self._wait(conn, wait_for, timeout, agent, channel, read.asend)
+                    waited = await self._wait(
+                        conn, wait_for, timeout, agent, channel, read.asend, deadline=deadline
+                    )
                     assert waited[1] is not None
                     parts = waited[1]
             ctx = self._context(parts, system_messages)
-            return await attachments.aattach(self._aconn, ctx, self.attachments)
+            return await attachments.aattach(connect, ctx, self.attachments)
         lsn = None
         if wait_for is not None:  # on the primary: a standby cannot LISTEN
-            async with await self._aconn() as conn:
-                lsn = (
-                    await self._wait(conn, wait_for, timeout, agent, channel, look="await_event_at")
-                )[0]
-        read = self._thread_read(agent, channel, thread)
-        got = await self.replica.read(read.asend, lsn, self._aconn)
+            async with await connect() as conn:
+                look = "await_event_at"
+                waited = await self._wait(
+                    conn, wait_for, timeout, agent, channel, None, look, deadline
+                )
+                lsn = waited[0]
+        got = await self.replica.read(read.asend, lsn, connect)
         ctx = replace(self._context(got.value, system_messages), served_by=got.by)
         return await attachments.aattach(got.connect, ctx, self.attachments)
 
@@ -513,7 +651,7 @@ class AsyncContextReader(_Reader):
     async def _read(self, send: ASend[T]) -> T:
         """`ContextReader._read`, for asyncio."""
         if self.replica is None:
-            async with await self._aconn() as conn:
+            async with await self._aconn(_deadline(READ_TIMEOUT_S)) as conn:
                 return await afetch_sent(conn, send)
         return (await self.replica.read(send, None, self._aconn)).value
 
@@ -526,14 +664,17 @@ class AsyncContextReader(_Reader):
         channel: str,
         then: Callable[[Any], Awaitable[Callable[[], Awaitable[T]]]] | None = None,
         look: str = "await_event",
+        deadline: float | None = None,
     ) -> tuple[Any, T | None]:
         """`ContextReader._wait`, for asyncio."""
-        params = {"event_id": event_id, "agent": agent, "channel": channel, "timeout": timeout}
-        await conn.execute(query("listen_commits"))  # alone: see `ContextReader._wait`
+        wait = timeout if deadline is None else _wait_budget(deadline)  # Postgres waits this long
+        params = {"event_id": event_id, "agent": agent, "channel": channel, "timeout": wait}
         listening = True
         try:
             try:
-                async with conn.pipeline():
+                async with conn.pipeline() as pipeline:
+                    await conn.execute(query("listen_commits"))  # see `ContextReader._wait`
+                    await pipeline.sync()
                     waited = await conn.execute(query(look), params)
                     await conn.execute(query("unlisten_commits"))
                     collect = await then(conn) if then else None
@@ -547,13 +688,28 @@ class AsyncContextReader(_Reader):
             if listening:
                 await conn.execute(query("unlisten_commits"))
 
-    async def _aconn(self) -> Any:
+    async def _aconn(self, deadline: float | None = None) -> Any:
+        """`ContextReader.connection`, for asyncio."""
+        deadline = deadline or _deadline(CONNECTION_TIMEOUT_S)
         if self.pool.closed:
-            try:
-                await self.pool.open(wait=True, timeout=10)
-            except psycopg.Error as e:
-                raise Unavailable(f"Postgres: {e}") from e
-        return self.pool.connection()
+            await self.pool.open(wait=False)  # see `ContextReader.connection`
+        return self._aguarded(deadline)
+
+    @asynccontextmanager
+    async def _aguarded(self, deadline: float) -> AsyncIterator[Any]:
+        try:
+            wait = max(0.0, deadline - time.monotonic())
+            async with self.pool.connection(timeout=wait) as conn:
+                with self.watchdog.guard(conn.fileno(), deadline) as guard:
+                    try:
+                        yield conn
+                    except psycopg.OperationalError as e:  # the connection, not the request
+                        raise _no_answer(e) if guard.cut else _lost(e) from e
+                    finally:
+                        if guard.cut:
+                            await conn.close()  # cut: the pool must not hand it out again
+        except PoolTimeout as e:
+            raise _no_connection(e) from e
 
     async def aclose(self) -> None:
         """Close the pools."""

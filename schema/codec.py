@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import operator
 import re
+import unicodedata
 from itertools import accumulate
 from typing import Final
 
@@ -15,6 +16,7 @@ from contextlog.schema.errors import EventRejected, EventTooLarge
 from contextlog.schema.events import (
     NAMES_OF,
     AnyEvent,
+    Configured,
     Event,
     FrameSet,
     MessageImported,
@@ -118,36 +120,58 @@ def _classify(message: str) -> str:
     return INVALID
 
 
-_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
+# Unicode categories a name must not hold, and what to call them: controls (Cc: C0, DEL,
+# C1 such as U+0085 NEXT LINE), format characters (Cf: invisible ones such as U+200B
+# ZERO WIDTH SPACE, bidi overrides such as U+202E), line and paragraph separators (Zl
+# U+2028, Zp U+2029). With them two different names print alike (`my\u200bbot`, `mybot`)
+# or one prints as another (`\u202etobym`), and a name can break a log or a table line.
+REFUSED_IN_NAMES: Final = {
+    "Cc": "control",
+    "Cf": "format (invisible)",
+    "Zl": "line separator",
+    "Zp": "paragraph separator",
+}
 # Each event type's names, read in one call (attrgetter of two or more fields: a tuple).
 _NAMES: Final = {cls: operator.attrgetter(*fields) for cls, fields in NAMES_OF.items()}
 
 
-def has_control(name: str) -> bool:
-    """Whether `name` holds a control character (U+0000-U+001F, U+007F), which names
-    (agent, channel, thread, ...) must not; other unprintable characters are allowed."""
-    return _CONTROL.search(name) is not None
+def refused_in_name(name: str) -> str | None:
+    """The first character of `name` that a name must not hold (`REFUSED_IN_NAMES`), if
+    any. None of those characters is printable, so a printable name passes at once
+    (other unprintable characters, such as a no-break space, are allowed)."""
+    if name.isprintable():
+        return None
+    return next((c for c in name if unicodedata.category(c) in REFUSED_IN_NAMES), None)
+
+
+def _name_refused(char: str, where: str) -> EventRejected:
+    kind = REFUSED_IN_NAMES[unicodedata.category(char)]
+    return EventRejected(
+        INVALID,
+        f"names must not hold control, format or separator characters; "
+        f"U+{ord(char):04X} ({unicodedata.name(char, 'unnamed')}) is a {kind} "
+        f"character - {where}",
+    )
 
 
 def check_names(**names: str | None) -> None:
     """A read's names (agent, channel, thread) by the rule of the events' names: a name no
     event can hold is refused (`EventRejected`) rather than looked up."""
     for field, name in names.items():
-        if name is not None and has_control(name):
-            raise EventRejected(INVALID, f"control characters are not allowed - in `{field}`")
+        if name is not None and (char := refused_in_name(name)) is not None:
+            raise _name_refused(char, f"in `{field}`")
 
 
 def _check_names(event: AnyEvent) -> None:
-    """Names (agent, channel, thread, ...) must not hold control characters.
-
-    All of an event's names are looked at as one string. Control characters are not
-    printable, so a printable string passes at once; `has_control` decides the rest."""
+    """Names (agent, channel, thread, ...) must not hold control, format or separator
+    characters (`refused_in_name`). All of an event's names are looked at as one string
+    first: the common case passes in one call."""
     joined = "".join(filter(None, _NAMES[type(event)](event)))
-    if joined.isprintable() or not has_control(joined):
+    if refused_in_name(joined) is None:
         return
-    fields = NAMES_OF[type(event)]
-    bad = next(f for f in fields if has_control(getattr(event, f) or ""))
-    raise EventRejected(INVALID, f"control characters are not allowed - at `$.{bad}`")
+    for field in NAMES_OF[type(event)]:
+        if (char := refused_in_name(getattr(event, field) or "")) is not None:
+            raise _name_refused(char, f"at `$.{field}`")
 
 
 def _check_times(event: AnyEvent) -> None:
@@ -169,10 +193,19 @@ def _check_time(name: str, at: dt.datetime | None) -> None:
 
 
 def _check_semantics(event: AnyEvent) -> None:
-    """Rules msgspec's type system cannot say: names without control characters, times
-    in range, and each content block valid for its type (`schema.blocks`)."""
+    """Rules msgspec's type system cannot say: names without control, format or separator
+    characters, times in range, and each content block valid for its type
+    (`schema.blocks`)."""
     _check_names(event)
     _check_times(event)
+    if isinstance(event, Configured) and event.rolling_window == 0:
+        # Unlike the idle timeout's 0 (never), a window of 0 s would hold no message at
+        # all, for ever: refused, as CONTEXTLOG_ROLLING_WINDOW=0 is.
+        raise EventRejected(
+            INVALID,
+            "rolling_window must be at least 1 second (0 would leave every context empty; "
+            "to forget the history, clear it) - at `$.rolling_window`",
+        )
     try:
         if isinstance(event, FrameSet):
             blocks.check_frame(event.system, event.tools)

@@ -5,7 +5,8 @@ ContextlogError
 ├── EventRejected        an event or stream entry fails the contract
 │   └── EventTooLarge    an entry is over the size cap
 ├── MigrationError       the database schema cannot be brought up to date
-├── Unavailable          Postgres or Redis cannot be reached
+├── Unavailable          Postgres or Redis cannot be reached (or Redis is full)
+│   └── PushUncertain    a push may have been stored: resend it, never push again
 ├── Fenced               this ingest lost its shard to a newer owner
 ├── Conflict             another writer stored some of the same events meanwhile
 ├── StorageRefused       the database refused an event the contract accepted
@@ -44,6 +45,20 @@ class MigrationError(ContextlogError):
 
 class Unavailable(ContextlogError):
     """Raised when Postgres or Redis cannot be reached."""
+
+
+class PushUncertain(Unavailable):
+    """Raised when a push failed after Redis may have taken some of it: the connection
+    broke or timed out after sending (twice: the producer retries once with the same
+    entries), or a full Redis took part of a pipeline. `event_ids` are the push's events.
+    Retry with `producer.resend(error)`: the same entries, with the same event ids, which
+    ingest stores once. Pushing the same messages again would make new events (unless
+    they carry an `external_id`), stored twice."""
+
+    def __init__(self, message: str, event_ids: list[str], entries: tuple[object, ...]) -> None:
+        super().__init__(message)
+        self.event_ids = event_ids
+        self.entries = entries  # what `resend` sends again, as it was prepared
 
 
 class Fenced(ContextlogError):

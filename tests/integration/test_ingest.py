@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 from typing import Any
 
@@ -168,3 +169,29 @@ def test_status_reports_lag_dead_letters_and_stored(db: str, redis_url: str, rds
     assert status.shards[1].lag in (1, None)  # Redis < 7 does not report lag
     assert not status.healthy
     assert status.problems == ["shard 1 has work waiting and no ingest owner"]
+
+
+def test_status_says_ingest_is_stuck_when_it_holds_a_shard_and_commits_nothing(
+    db: str, redis_url: str, rds: Any
+) -> None:
+    """An ingest that holds shard leases while its entries wait and it commits nothing (a
+    hung Postgres, a full disk): `status` was healthy, since the leases were held."""
+    from contextlog.worker.cli.status import STUCK_S, gather
+
+    producer = Producer.from_url(redis_url, shards=4)
+    with running(settings_for(db, redis_url)):
+        producer.post_message("alpha", "general", "user", "stored")
+        eventually(lambda: count_events(db) == 1, what="one stored")
+    shard = keys.shard_of("alpha", "general", 4)
+    rds.set(keys.lease(shard), "hung-ingest", px=60_000)  # held, and nothing moves
+    producer.post_message("alpha", "general", "user", "waits")
+    with psycopg.connect(db) as conn:
+        now = dt.datetime.now(dt.UTC)
+        assert gather(rds, conn, 4, now).healthy  # just pushed: nothing is late yet
+        later = gather(rds, conn, 4, now + dt.timedelta(seconds=STUCK_S + 5))
+    assert not later.healthy
+    assert later.problems == [
+        f"ingest is stuck on shard {shard}: hung-ingest holds it and has committed nothing "
+        f"for {later.shards[shard].last_commit_age_s:.0f} s while 1 entry waits (the "
+        f"oldest for {later.shards[shard].oldest_waiting_age_s:.0f} s)"
+    ]

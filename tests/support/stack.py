@@ -15,8 +15,11 @@ what Redis accepted, in push order; the `assert_*` checkers hold the log to it.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -30,9 +33,9 @@ import redis
 
 from contextlog.producers import Producer
 from contextlog.schema import keys
-from contextlog.schema.errors import Unavailable
+from contextlog.schema.errors import PushUncertain, Unavailable
 from contextlog.worker.ingest import deadletters
-from tests.support.processes import Process, offline_env
+from tests.support.processes import ROOT, Process, offline_env
 from tests.support.servers import PostgresCluster, RedisServer
 
 SHARDS = 4
@@ -84,13 +87,17 @@ class Stack:
     def start(self, p: Process) -> Process:
         """Start (or restart) `p` and wait until it serves: a fault injected while it still
         imports and migrates would test start-up, which fails fast when a server is down."""
+        launched_ms = time.time() * 1000
         p.start()
         assert p.proc is not None
         pid, consumer = p.proc.pid, p.env["CONTEXTLOG_CONSUMER"]
+        lease_ms = float(p.env.get("CONTEXTLOG_LEASE_SECONDS", "15")) * 1000
 
         def ready() -> bool:
-            if p.command == "ingest":  # it announced itself to the other ingests
-                return self.client.zscore(keys.MEMBERS, consumer) is not None
+            if p.command == "ingest":  # it announced itself to the other ingests, since
+                # its launch (a killed incarnation's announcement lasts a lease)
+                score = self.client.zscore(keys.MEMBERS, consumer)
+                return score is not None and score > launched_ms + lease_ms
             # RQ registered this incarnation (not a dead one) under the worker's name.
             registered = self.client.hget(f"rq:worker:contextlog-{consumer}", "pid")
             return registered == str(pid).encode()
@@ -132,6 +139,34 @@ class Stack:
                 os.kill(p.proc.pid, signal.SIGCONT)
             p.stop()
         self.client.close()
+
+    def cli(
+        self, *args: str, timeout: float = 60.0, **env: str
+    ) -> subprocess.CompletedProcess[str]:
+        """Run `contextlog ARGS` against the stack (with `env` over its environment)."""
+        return subprocess.run(
+            [sys.executable, "-m", "contextlog.worker.cli.main", *args],
+            env={**self.env, **env},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def problems(self) -> list[str]:
+        """What `contextlog status --json` says is wrong (empty when healthy)."""
+        done = self.cli("status", "--json")
+        assert done.returncode in (0, 1) and done.stdout, f"status: {done.returncode} {done.stderr}"
+        problems: list[str] = json.loads(done.stdout)["problems"]
+        return problems
+
+    def sigterm(self, p: Process) -> tuple[float, int]:
+        """SIGTERM `p` (its process group) and wait for it: how long it took, its exit code."""
+        assert p.proc is not None
+        started = time.monotonic()
+        os.killpg(p.proc.pid, signal.SIGTERM)
+        code = p.proc.wait(timeout=60)
+        return time.monotonic() - started, code
 
     # -- reading the outcome --------------------------------------------------------------
     def sql(self, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -205,6 +240,9 @@ class Load:
     _thread: threading.Thread | None = None
     _error: BaseException | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _counters: dict[int, int] = field(default_factory=dict)  # next message number of each
+    _sent: int = 0
+    uncertain: list[PushUncertain] = field(default_factory=list)  # `push_once`'s, to resend
 
     def __enter__(self) -> Load:
         self._thread = threading.Thread(target=self._run, name="load", daemon=True)
@@ -244,17 +282,10 @@ class Load:
         client = redis.Redis.from_url(self.redis_url, socket_timeout=2, socket_connect_timeout=2)
         producer = Producer(client, shards=SHARDS)
         interval = self.batch / self.rate
-        counters = [0] * self.conversations
-        k, due = 0, time.monotonic()
+        due = time.monotonic()
         try:
             while not self._stop.is_set():
-                batch = []
-                for _ in range(self.batch):
-                    c = k % self.conversations
-                    batch.append((f"c{c}", counters[c]))
-                    counters[c] += 1
-                    k += 1
-                self._push(producer, batch)
+                self._push(producer, self.next_batch())
                 due += interval
                 self._stop.wait(max(0.0, due - time.monotonic()))
                 due = max(due, time.monotonic() - 1.0)  # after an outage: no catch-up burst
@@ -263,28 +294,58 @@ class Load:
         finally:
             producer.close()
 
+    def next_batch(self) -> list[tuple[str, int]]:
+        """The next `batch` messages, (conversation, its message number), round robin."""
+        batch = []
+        for _ in range(self.batch):
+            c = self._sent % self.conversations
+            n = self._counters.get(c, 0)
+            batch.append((f"c{c}", n))
+            self._counters[c] = n + 1
+            self._sent += 1
+        return batch
+
+    def push_once(self, producer: Producer, batch: list[tuple[str, int]]) -> Unavailable | None:
+        """Push `batch` once, from the caller's thread: None when Redis took it (recorded
+        as pushed), else Redis's refusal (nothing recorded: push it again). A push that
+        may have been stored part-way is recorded and kept in `uncertain`, to `resend`."""
+        try:
+            self._record(batch, self._send(producer, batch))
+        except PushUncertain as e:
+            self._record(batch, e.event_ids)
+            self.uncertain.append(e)
+            return e
+        except Unavailable as e:
+            return e
+        return None
+
     def _push(self, producer: Producer, batch: list[tuple[str, int]]) -> None:
         deadline = time.monotonic() + PUSH_RETRY_S
         while True:
             try:
-                with producer.batch() as b:
-                    ids = [
-                        b.post_message(
-                            self.agent,
-                            channel,
-                            "user" if n % 2 == 0 else "assistant",
-                            content(channel, n),
-                            source="load",
-                            external_id=f"{channel}#{n}",
-                        )
-                        for channel, n in batch
-                    ]
+                ids = self._send(producer, batch)
                 break
             except Unavailable:
                 self.failed_pushes += 1
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
+        self._record(batch, ids)
+
+    def _send(self, producer: Producer, batch: list[tuple[str, int]]) -> list[str]:
+        with producer.batch() as b:
+            for channel, n in batch:
+                b.post_message(
+                    self.agent,
+                    channel,
+                    "user" if n % 2 == 0 else "assistant",
+                    content(channel, n),
+                    source="load",
+                    external_id=f"{channel}#{n}",
+                )
+        return list(b.ids)
+
+    def _record(self, batch: list[tuple[str, int]], ids: list[str]) -> None:
         with self._lock:
             for (channel, _), event_id in zip(batch, ids, strict=True):
                 self.pushed.setdefault(channel, []).append(str(event_id))

@@ -142,3 +142,60 @@ def test_durations_are_taken_as_the_cli_takes_them(raw: str, seconds: int) -> No
     assert s.conversation.idle_timeout == seconds
     if seconds:
         assert s.conversation.rolling_window == seconds
+
+
+SECRET = "s3cr3t-pw"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("REDIS_URL", f"redis://app:{SECRET}@localhost:port/1"),
+        ("REDIS_URL", f"redis://:{SECRET}@localhost:6379/x"),
+        ("REDIS_URL", f"http://app:{SECRET}@localhost:6379/0"),
+        ("REDIS_URL", f"redis+cluster://app:{SECRET}@h:7000/2"),
+        ("CONTEXTLOG_QUEUE_REDIS_URL", f"redis://app:{SECRET}@q/x"),
+        ("CONTEXTLOG_QUEUE_REDIS_URL", f"redis+cluster://:{SECRET}@h:7000"),
+        ("DATABASE_URL", f"mysql://app:{SECRET}@db/app"),
+        ("DATABASE_URL", f"host=db user=app password={SECRET}"),
+        ("DATABASE_URL", f"postgresql//app:{SECRET}@db"),
+        ("CONTEXTLOG_REPLICA_URL", f"replica://app:{SECRET}@db?password={SECRET}"),
+        ("ANTHROPIC_BASE_URL", f"ftp://u:{SECRET}@proxy"),
+    ],
+)
+def test_a_bad_url_is_shown_without_its_password(name: str, value: str) -> None:
+    env = {name: value}
+    if name == "REDIS_URL" and "cluster" in value:
+        env["CONTEXTLOG_QUEUE_REDIS_URL"] = "redis://q:6379/0"
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env(env)
+    assert name in str(info.value)
+    assert SECRET not in str(info.value)
+
+
+def test_a_cluster_redis_url_for_rq_is_shown_without_its_password() -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({"REDIS_URL": f"redis+cluster://app:{SECRET}@h:7000"})
+    assert "redis+cluster://app:***@h:7000" in str(info.value)
+    assert SECRET not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://app:pw@h:6379/0", "redis://app:***@h:6379/0"),
+        ("redis://:pw@h", "redis://:***@h"),
+        ("redis://app:p@w:rd@h:1/2", "redis://app:***@h:1/2"),
+        ("redis://h:6379/0", "redis://h:6379/0"),
+        ("redis://user@h", "redis://user@h"),
+        (
+            "postgresql://h/db?password=pw&sslmode=require",
+            "postgresql://h/db?password=***&sslmode=require",
+        ),
+        ("host=h password=pw user=u", "host=h password=*** user=u"),
+    ],
+)
+def test_redact(url: str, shown: str) -> None:
+    from contextlog.producers.connection import redact
+
+    assert redact(url) == shown

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import subprocess
 import sys
+import unicodedata
 import uuid
 from typing import Any
 
@@ -132,13 +133,13 @@ def test_tags_are_versioned_and_unique() -> None:
     thread=st.none()
     | st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=ev.MAX_NAME),
 )
-def test_any_text_without_nul_round_trips_and_a_name_only_with_control_characters_is_refused(
+def test_any_text_without_nul_round_trips_and_a_name_only_with_refused_characters_is_refused(
     text: str, thread: str | None
 ) -> None:
-    # Which names are refused is the contract's own rule (`codec.has_control`), not a
+    # Which names are refused is the contract's own rule (`codec.refused_in_name`), not a
     # second copy of it here: a draw can only fail where decoding breaks that rule.
     event = ev.MessagePosted(role="user", content=text, thread=thread, **COMMON)
-    if thread is not None and codec.has_control(thread):
+    if thread is not None and codec.refused_in_name(thread) is not None:
         assert reason_of(codec.encode(event)) == codec.INVALID  # U+0000 is named as such
     else:
         assert codec.decode(codec.encode(event)) == event
@@ -149,8 +150,8 @@ def test_a_read_of_a_name_no_event_can_hold_is_refused_not_looked_up() -> None:
     defaults = ConversationDefaults()
     with pytest.raises(EventRejected, match="in `thread`"):
         read_params("alpha", "general", "t\x00", defaults)
-    with pytest.raises(EventRejected, match="in `channel`"):
-        page_params("alpha", "gen\neral", 1, 10)
+    with pytest.raises(EventRejected, match=r"U\+200B .* in `channel`"):
+        page_params("alpha", "gen\u200beral", 1, 10)
     assert read_params("alpha", "general", "t é", defaults)["thread"] == "t é"
 
 
@@ -196,6 +197,42 @@ def test_oversized_entry_is_rejected_before_decoding() -> None:
 )
 def test_bad_input_is_rejected_with_a_reason(data: bytes, reason: str) -> None:
     assert reason_of(data) == reason
+
+
+@pytest.mark.parametrize(
+    ("field", "name", "shown"),
+    [
+        ("agent", "my\u0085bot", "U+0085"),  # NEXT LINE, a C1 control (Cc)
+        ("channel", "gen\u2028eral", "U+2028 (LINE SEPARATOR) is a line separator"),
+        ("channel", "gen\u2029eral", "U+2029"),  # Zp
+        ("agent", "my\u200bbot", "U+200B (ZERO WIDTH SPACE) is a format (invisible)"),
+        ("agent", "\u202etobym", "U+202E"),  # RIGHT-TO-LEFT OVERRIDE (Cf)
+        ("channel", "a\ufeffb", "U+FEFF"),  # BOM / zero-width no-break space (Cf)
+        ("thread", "t\x1b[31m", "U+001B"),  # ESC (Cc)
+    ],
+)
+def test_names_refuse_control_format_and_separator_characters(
+    field: str, name: str, shown: str
+) -> None:
+    with pytest.raises(EventRejected) as info:
+        codec.decode(raw(**{field: name}))
+    assert info.value.reason == codec.INVALID
+    assert shown in info.value.detail and f"$.{field}" in info.value.detail
+
+
+@pytest.mark.parametrize("name", ["my bot", "caf\u00e9", "no\u00a0break", "\u4e2d\u6587", "Mybot"])
+def test_names_keep_other_characters_as_they_are(name: str) -> None:
+    event = codec.decode(raw(agent=name, channel=name))
+    assert (event.agent, event.channel) == (name, name)
+
+
+@given(
+    st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=20).filter(
+        lambda t: any(unicodedata.category(c) in codec.REFUSED_IN_NAMES for c in t)
+    )
+)
+def test_any_name_with_a_refused_character_is_rejected(name: str) -> None:
+    assert reason_of(raw(channel=name)) == codec.INVALID
 
 
 def test_escaped_backslash_before_u0000_is_plain_text() -> None:

@@ -22,7 +22,7 @@ from contextlog.worker.app.clock import FakeClock
 from contextlog.worker.app.config import Settings
 from contextlog.worker.ingest import deadletters
 from contextlog.worker.ingest.loop import Ingest
-from contextlog.worker.ingest.streams import Streams
+from contextlog.worker.ingest.streams import Down, Streams, outages
 from contextlog.worker.store.eventlog import Accepted, MemoryEventLog
 
 SHARDS = 4
@@ -176,6 +176,28 @@ def test_nothing_is_acknowledged_while_postgres_is_down(h: Harness) -> None:
     assert [eid for _, eid in h.stored()] == ids
     assert ing.health.down == {}
     assert h.pending() == 0
+
+
+def test_an_outage_is_noted_for_status_until_it_ends(h: Harness) -> None:
+    h.producer.post_message("alpha", "general", "user", "m")
+    disk_full = "Postgres: could not extend file: No space left on device"
+    real_append = h.log.append
+
+    def refuse(shard: int, epoch: int, batch: Sequence[Accepted]) -> int:
+        raise Unavailable(disk_full)
+
+    h.log.append = refuse  # type: ignore[method-assign]
+    ing = h.ingest()
+    started = int(h.clock.now().timestamp() * 1000)
+    h.drain(ing, steps=3)
+    h.clock.advance(20)
+    h.drain(ing, steps=2)
+    live = [ing.streams.consumer]
+    assert outages(h.redis, live) == [Down("c1", "postgres", started, disk_full)]
+    assert outages(h.redis, []) == []  # only live consumers count
+    h.log.append = real_append  # type: ignore[method-assign]
+    h.drain(ing, steps=2)
+    assert outages(h.redis, live) == [] and len(h.stored()) == 1
 
 
 def test_a_crash_between_commit_and_ack_stores_nothing_twice(h: Harness) -> None:

@@ -9,8 +9,16 @@ from typing import Any
 
 import fakeredis
 import pytest
+import redis
 
-from contextlog.producers import AsyncProducer, EventRejected, EventTooLarge, Producer
+from contextlog.producers import (
+    AsyncProducer,
+    EventRejected,
+    EventTooLarge,
+    Producer,
+    PushUncertain,
+    Unavailable,
+)
 from contextlog.producers import producer as producer_module
 from contextlog.producers.commands import parse_duration
 from contextlog.producers.ids import derived_id, uuid7
@@ -129,6 +137,25 @@ def test_bad_input_raises_and_sends_nothing(producer: Producer) -> None:
     with pytest.raises(EventRejected, match="cannot encode"):
         producer.post_message("alpha", "general", "user", "lone surrogate \ud800")
     assert stored(producer, "alpha", "general") == []
+
+
+@pytest.mark.parametrize("name", ["my\u2028bot", "my\u0085bot", "my\u200bbot", "\u202etobym"])
+def test_names_with_invisible_or_separator_characters_are_refused(
+    producer: Producer, name: str
+) -> None:
+    with pytest.raises(EventRejected, match="control, format or separator characters"):
+        producer.post_message(name, "general", "user", "hi")
+    with pytest.raises(EventRejected, match=r"at `\$\.channel`"):
+        producer.clear("alpha", name)
+    assert stored(producer, name, "general") == [] and stored(producer, "alpha", name) == []
+
+
+def test_a_rolling_window_of_0_is_refused(producer: Producer) -> None:
+    with pytest.raises(EventRejected, match="rolling_window must be at least 1 second"):
+        producer.configure("alpha", "general", rolling_window=0)
+    producer.configure("alpha", "general", idle_timeout=0)  # 0 means never, for this one
+    (configured,) = stored(producer, "alpha", "general")
+    assert isinstance(configured, ev.Configured) and configured.idle_timeout == 0
 
 
 def test_oversized_event_is_refused_at_the_producer(server: fakeredis.FakeServer) -> None:
@@ -317,3 +344,108 @@ def test_a_workers_producer_signs_its_results_and_nothing_else(
         for (_, f), s in zip(entries[1:], signatures[1:], strict=True)
     )
     assert not key.verify(entries[1][1][codec.ENTRY_FIELD] + b" ", signatures[1])
+
+
+class LosingAnswers(fakeredis.FakeRedis):
+    """A Redis whose next `lose` pipeline answers are lost after it acted on them (a
+    timeout or a reset after sending), or that is full (`full`: refuses every XADD)."""
+
+    lose = 0
+    full = False
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        execute = pipe.execute
+
+        def execute_then_lose(raise_on_error: bool = True) -> Any:
+            if self.full:
+                refused = redis.exceptions.OutOfMemoryError(
+                    "command not allowed when used memory > 'maxmemory'."
+                )
+                return [refused for _ in pipe.command_stack]
+            replies = execute(raise_on_error=raise_on_error)
+            if self.lose:
+                self.lose -= 1
+                raise redis.TimeoutError("Timeout reading from socket")
+            return replies
+
+        pipe.execute = execute_then_lose  # type: ignore[method-assign]
+        return pipe
+
+
+def test_a_push_whose_answer_was_lost_is_sent_again_with_the_same_ids(
+    server: fakeredis.FakeServer,
+) -> None:
+    client = LosingAnswers(server=server)
+    producer = Producer(client, shards=4, clock=lambda: T0)
+    client.lose = 1
+    eid = producer.post_message("alpha", "general", "user", "hi")
+    # Sent twice, one event id: ingest stores it once (UNIQUE event id).
+    assert [str(e.event_id) for e in stored(producer, "alpha", "general")] == [eid, eid]
+
+
+def test_a_push_that_may_have_been_stored_says_how_to_retry_without_doubling(
+    server: fakeredis.FakeServer,
+) -> None:
+    client = LosingAnswers(server=server)
+    producer = Producer(client, shards=4, clock=lambda: T0)
+    client.lose = 2
+    with pytest.raises(PushUncertain) as info, producer.batch() as b:
+        b.post_message("alpha", "general", "user", "one")
+        b.post_message("alpha", "general", "assistant", "two")
+    error = info.value
+    assert isinstance(error, Unavailable) and "producer.resend(error)" in str(error)
+    assert producer.resend(error) == error.event_ids
+    ids = [str(e.event_id) for e in stored(producer, "alpha", "general")]
+    assert set(ids) == set(error.event_ids) and len(ids) == 6  # three sends, two events
+
+
+def test_a_full_redis_is_named_and_nothing_was_stored(server: fakeredis.FakeServer) -> None:
+    client = LosingAnswers(server=server)
+    producer = Producer(client, shards=4, clock=lambda: T0)
+    client.full = True
+    with pytest.raises(Unavailable, match="Redis is full") as info:
+        producer.post_message("alpha", "general", "user", "hi")
+    assert not isinstance(info.value, PushUncertain)
+    assert "nothing of this push was stored" in str(info.value)
+
+
+class AsyncLosingAnswers(fakeredis.FakeAsyncRedis):
+    """`LosingAnswers`, for the asyncio producer."""
+
+    lose = 0
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        execute = pipe.execute
+
+        async def execute_then_lose(raise_on_error: bool = True) -> Any:
+            replies = await execute(raise_on_error=raise_on_error)
+            if self.lose:
+                self.lose -= 1
+                raise redis.TimeoutError("Timeout reading from socket")
+            return replies
+
+        pipe.execute = execute_then_lose  # type: ignore[method-assign]
+        return pipe
+
+
+def test_the_async_producer_retries_and_resends_alike(server: fakeredis.FakeServer) -> None:
+    async def go() -> tuple[str, PushUncertain, list[str]]:
+        client = AsyncLosingAnswers(server=server)
+        p = AsyncProducer(client, shards=4, clock=lambda: T0)
+        client.lose = 1
+        first = await p.post_message("alpha", "general", "user", "one")
+        client.lose = 2
+        try:
+            await p.post_message("alpha", "general", "assistant", "two")
+        except PushUncertain as e:
+            return first, e, await p.resend(e)
+        raise AssertionError("no PushUncertain")
+
+    first, error, resent = asyncio.run(go())
+    [second] = error.event_ids
+    assert resent == [second]
+    sync = Producer(fakeredis.FakeRedis(server=server), shards=4)
+    ids = [str(e.event_id) for e in stored(sync, "alpha", "general")]
+    assert ids == [first, first, second, second, second]

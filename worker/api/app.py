@@ -10,7 +10,6 @@ import, status) in a worker thread: the event loop is never blocked.
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from contextlog.schema import codec
 from contextlog.schema.errors import ContextlogError
 from contextlog.worker.api import problems
 from contextlog.worker.api.keys import ApiKey
@@ -34,7 +34,6 @@ from contextlog.worker.api.spec import Endpoint
 
 log = structlog.get_logger("contextlog.api")
 JSON: Final = "application/json"
-_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
 NAMES: Final = ("agent", "channel")
 
 
@@ -79,11 +78,12 @@ def problem_response(e: ApiError) -> Response:
 def _path(request: Request) -> dict[str, str]:
     path = {k: str(v) for k, v in request.path_params.items()}
     for name, value in path.items():
-        if not value or len(value) > 200 or _CONTROL.search(value):
+        if not value or len(value) > 200 or codec.refused_in_name(value) is not None:
             raise ApiError(
                 422,
                 "invalid-request",
-                f"path: {name} must be 1-200 characters, no control characters",
+                f"path: {name} must be 1-200 characters, no control, format or separator "
+                "characters",
                 reason="invalid",
             )
     return path

@@ -19,7 +19,7 @@ from contextlog.producers.history import SessionInfo
 from contextlog.schema import notices as nt
 from contextlog.worker.tasks.webhooks import Delivery
 
-_NAME_DOC = "1-200 characters, no control characters"
+_NAME_DOC = "1-200 characters, no control, format or separator characters"
 Name = Annotated[str, Meta(min_length=1, max_length=200, description=_NAME_DOC)]
 Aware = Annotated[dt.datetime, Meta(tz=True)]
 Block = Annotated[

@@ -21,18 +21,25 @@ from rq import Queue
 
 from contextlog.producers import connection
 from contextlog.producers.connection import SyncClient
+from contextlog.producers.liveness import Watchdog, postgres_options
 from contextlog.producers.producer import Producer
 from contextlog.producers.reader import ContextReader
 from contextlog.schema import keys, signing
 from contextlog.schema.errors import ConfigError, Unavailable
 from contextlog.schema.queries import query
+from contextlog.worker.app import memory
 from contextlog.worker.app.clock import Clock, SystemClock
-from contextlog.worker.app.config import Settings
+from contextlog.worker.app.config import QUEUE_REDIS_VAR, Settings
 from contextlog.worker.effects.notify import RedisNotifier
 from contextlog.worker.effects.relay import Relay
 from contextlog.worker.ingest.loop import Ingest
-from contextlog.worker.ingest.streams import Streams
-from contextlog.worker.store.eventlog import EventLog, PostgresEventLog, bound_waits
+from contextlog.worker.ingest.streams import Streams, set_absent
+from contextlog.worker.store.eventlog import (
+    IDLE_TRANSACTION_FLOOR_S,
+    EventLog,
+    PostgresEventLog,
+    bound_waits,
+)
 from contextlog.worker.tasks import idle
 from contextlog.worker.tasks.queue import SUMMARIES, Jobs
 from contextlog.worker.tasks.rqworker import ContextlogWorker
@@ -58,25 +65,41 @@ if TYPE_CHECKING:
 
 def redis_client(settings: Settings) -> SyncClient:
     """A client for `REDIS_URL`: the streams, leases, dead letters and notifications
-    (a Redis, its database number honoured, or a Redis Cluster)."""
-    return connection.connect(settings.redis_url, socket_timeout=30, health_check_interval=15)
+    (a Redis, its database number honoured, or a Redis Cluster). A command waits at most
+    `redis_answer_s` for its answer, well inside a lease (`liveness`: keepalives too)."""
+    timeout = redis_answer_s(settings)
+    return connection.connect(settings.redis_url, socket_timeout=timeout, health_check_interval=15)
+
+
+REDIS_ANSWER_MAX_S = 5.0
+
+
+def redis_answer_s(settings: Settings) -> float:
+    """How long ingest waits for Redis to answer a command: a blocking read's own wait plus
+    a third of the lease (at most REDIS_ANSWER_MAX_S, at least 1 s). A Redis that stopped
+    answering is noticed in time to keep the leases (the old 30 s outlived them: all four
+    were lost, again and again, while Redis hung)."""
+    spare = max(1.0, min(REDIS_ANSWER_MAX_S, settings.lease_seconds / 3))
+    return settings.block_ms / 1000 + spare
 
 
 def queue_client(settings: Settings) -> redis.Redis:
     """A Redis client for `CONTEXTLOG_QUEUE_REDIS_URL` (default: REDIS_URL): RQ's queues
-    and scheduler, idle timers, compaction claims, worker heartbeats."""
+    and scheduler, idle timers, compaction claims, worker heartbeats. 30 s for an answer:
+    RQ's dequeue blocks for 15 s (worker_ttl - 15)."""
     return redis.Redis.from_url(
-        settings.queue_redis_url, socket_timeout=30, health_check_interval=15
+        settings.queue_redis_url,
+        **connection.options(settings.queue_redis_url, socket_timeout=30, health_check_interval=15),
     )
 
 
 def pg_connector(settings: Settings) -> Callable[[], PgConn]:
-    """A function opening a fresh Postgres connection for `DATABASE_URL`."""
+    """A function opening a fresh Postgres connection for `DATABASE_URL`, with keepalives
+    and a connect timeout (`liveness.postgres_options`)."""
 
     def connect() -> PgConn:
-        return psycopg.connect(
-            settings.database_url, connect_timeout=5, application_name="contextlog"
-        )
+        options = postgres_options(settings.database_url)
+        return psycopg.connect(settings.database_url, application_name="contextlog", **options)
 
     return connect
 
@@ -103,13 +126,22 @@ def open_event_log(
     clock = clock or SystemClock()
     connect = pg_connector(settings)
     effects = relay(settings, client, queue)
+    watchdog = Watchdog()  # one thread cuts every connection's overdue calls
+    # A call may wait for Postgres as long as a stalled transaction may last (its lease,
+    # 5 s at least): past it, the batch would be fenced anyway.
+    deadline = max(settings.lease_seconds, IDLE_TRANSACTION_FLOOR_S)
 
     def open_log() -> EventLog:
         try:
             conn = connect()
             bound_waits(conn, settings.lease_seconds)
             return PostgresEventLog(
-                conn, defaults=settings.conversation, relay=effects, now=clock.now
+                conn,
+                defaults=settings.conversation,
+                relay=effects,
+                now=clock.now,
+                watchdog=watchdog,
+                deadline_s=deadline,
             )
         except psycopg.OperationalError as e:
             raise Unavailable(f"Postgres: {e}") from e
@@ -221,7 +253,7 @@ def resources() -> Resources:
 
 def claim_shard_count(client: SyncClient, shards: int) -> None:
     """Record the shard count for producers, or refuse to run with a different one."""
-    client.set(keys.SHARDS_KEY, shards, nx=True)
+    set_absent(client, keys.SHARDS_KEY, shards)  # on a full Redis too: ingest drains it
     current = int(client.get(keys.SHARDS_KEY) or shards)
     if current != shards:
         raise ConfigError(
@@ -235,17 +267,30 @@ def build_ingest(
 ) -> Ingest:
     """An ingest loop wired to the configured Redis and Postgres."""
     client = redis_client(settings)
+    queue = queue_client(settings)
+    memory.check_policy(redis_clients(settings, client, queue), settings.accept_eviction)
     claim_shard_count(client, settings.shards)
     streams = Streams(client, settings.consumer)
     clock = clock or SystemClock()
     return Ingest(
         settings,
         streams,
-        open_event_log(settings, client, clock=clock),
+        open_event_log(settings, client, queue, clock=clock),
         clock,
         stop,
         signing_key=signing_key(settings),
     )
+
+
+def redis_clients(
+    settings: Settings, client: SyncClient, queue: redis.Redis
+) -> list[tuple[str, SyncClient]]:
+    """The Redis servers a process writes to, named by their variable (the queue Redis
+    only where it is another server)."""
+    named: list[tuple[str, SyncClient]] = [("REDIS_URL", client)]
+    if settings.queue_redis_url != settings.redis_url:
+        named.append((QUEUE_REDIS_VAR, queue))
+    return named
 
 
 def tune_gc_for_batches() -> None:
@@ -264,8 +309,11 @@ def tune_gc_for_batches() -> None:
     gc.set_threshold(INGEST_GC_THRESHOLD, older, oldest)
 
 
-def build_worker(settings: Settings) -> ContextlogWorker:
-    """An RQ worker on the `summaries` and `idle` queues, its job resources installed.
+def build_worker(
+    settings: Settings, on_stop: Callable[[], object] | None = None
+) -> ContextlogWorker:
+    """An RQ worker on the `summaries` and `idle` queues (`install` its job resources
+    first); `on_stop` hears of a stop signal first (`signals.Stopper.request`).
 
     SimpleWorker runs jobs in this process: jobs wait on the network, not the CPU, and
     the Postgres pool, Redis client and Anthropic client are kept across jobs instead
@@ -273,10 +321,9 @@ def build_worker(settings: Settings) -> ContextlogWorker:
     Scale out with more worker processes. A dead worker of the same name is taken
     over, and the scheduler child exits with its worker (see worker.rqworker).
     """
-    install(build_resources(settings))
     client = queue_client(settings)
     queues = [Queue(name, connection=client) for name in (IDLE, SUMMARIES, WEBHOOKS)]
-    return ContextlogWorker(
+    worker = ContextlogWorker(
         queues,
         connection=client,
         name=worker_name(settings),
@@ -287,6 +334,18 @@ def build_worker(settings: Settings) -> ContextlogWorker:
         maintenance_interval=MAINTENANCE_S,
         worker_ttl=WORKER_TTL_S,
     )
+    worker.on_stop = on_stop
+    return worker
+
+
+def check_worker_redis(settings: Settings) -> None:
+    """Refuse (`ConfigError`) to run the worker on a Redis that may evict keys."""
+    client, queue = redis_client(settings), queue_client(settings)
+    try:
+        memory.check_policy(redis_clients(settings, client, queue), settings.accept_eviction)
+    finally:
+        client.close()
+        queue.close()
 
 
 SUMMARY_GRACE_S = 120.0  # a summary missing this long after its save is queued again

@@ -10,6 +10,7 @@ from typing import Any, Final, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from contextlog.producers import connection
+from contextlog.producers.connection import redact
 from contextlog.schema import codec, keys, signing
 from contextlog.schema.defaults import REPLICA_MAX_LAG, REPLICA_WAIT, ConversationDefaults
 from contextlog.schema.errors import ConfigError
@@ -35,6 +36,9 @@ DEFAULT_SUMMARY_ATTEMPTS: Final = 4
 DEFAULT_SUMMARY_TIMEOUT: Final = 30.0
 DEFAULT_SWEEP_SECONDS: Final = 300.0
 DEFAULT_DASHBOARD_BIND: Final = "127.0.0.1"
+# Seconds a process (ingest, worker) may take to stop after SIGTERM before it exits at once
+# (worker.app.signals): under the 10 s most supervisors wait before their SIGKILL.
+DEFAULT_STOP_GRACE: Final = 8.0
 DEFAULT_DASHBOARD_PORT: Final = 9181
 # `contextlog api`: where it listens, what one request may carry, how often a key may ask.
 DEFAULT_API_BIND: Final = "127.0.0.1"
@@ -110,6 +114,9 @@ class Settings:
     webhook_allow_private: bool = False
     webhook_timeout: float = DEFAULT_WEBHOOK_TIMEOUT
     webhook_attempts: int = DEFAULT_WEBHOOK_ATTEMPTS
+    stop_grace: float = DEFAULT_STOP_GRACE
+    # The operator accepts that a Redis that may evict keys loses events (memory.py).
+    accept_eviction: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -172,6 +179,8 @@ class Settings:
             dashboard_user=r.get("CONTEXTLOG_DASHBOARD_USER", None, _name),
             dashboard_password=r.get("CONTEXTLOG_DASHBOARD_PASSWORD", None, _secret),
             **_api_settings(r),
+            stop_grace=r.get("CONTEXTLOG_STOP_GRACE", DEFAULT_STOP_GRACE, _float_in(0.5, 3600)),
+            accept_eviction=r.get(ACCEPT_EVICTION_VAR, False, _flag),
         )
 
     def reader_options(self) -> dict[str, Any]:
@@ -266,6 +275,7 @@ class _Reader:
 
 
 QUEUE_REDIS_VAR: Final = "CONTEXTLOG_QUEUE_REDIS_URL"
+ACCEPT_EVICTION_VAR: Final = "CONTEXTLOG_ACCEPT_EVICTION"
 
 
 def _queue_redis_url(r: _Reader, redis_url: str) -> str:
@@ -275,14 +285,16 @@ def _queue_redis_url(r: _Reader, redis_url: str) -> str:
     if connection.is_cluster_url(queue):
         raise ConfigError(
             f"REDIS_URL is a Redis Cluster, which RQ cannot use for its queues, scheduler "
-            f"and idle timers: set {QUEUE_REDIS_VAR} to a standalone Redis: {redis_url!r}"
+            f"and idle timers: set {QUEUE_REDIS_VAR} to a standalone Redis: {redact(redis_url)!r}"
         )
     return queue
 
 
 def _standalone_redis_url(name: str, raw: str) -> str:
     if connection.is_cluster_url(raw):
-        raise ConfigError(f"{name} must be a standalone Redis (RQ cannot use a cluster): {raw!r}")
+        raise ConfigError(
+            f"{name} must be a standalone Redis (RQ cannot use a cluster): {redact(raw)!r}"
+        )
     return _redis_url(name, raw)
 
 
@@ -295,11 +307,13 @@ def _redis_url(name: str, raw: str) -> str:
         return raw
     parts = urlsplit(raw)
     if parts.scheme not in ("redis", "rediss", "unix"):
-        raise ConfigError(f"{name} is not a redis://, redis+cluster:// or unix:// URL: {raw!r}")
+        raise ConfigError(
+            f"{name} is not a redis://, redis+cluster:// or unix:// URL: {redact(raw)!r}"
+        )
     try:
         parts.port  # noqa: B018 - parsing it is the check
     except ValueError:
-        raise ConfigError(f"{name} has a port that is not a number: {raw!r}") from None
+        raise ConfigError(f"{name} has a port that is not a number: {redact(raw)!r}") from None
     dbs = parse_qs(parts.query).get("db", [])
     if parts.scheme != "unix" and parts.path.strip("/"):
         dbs.append(parts.path.strip("/"))
@@ -307,14 +321,14 @@ def _redis_url(name: str, raw: str) -> str:
         if not (db.isdigit() and db.isascii()):
             raise ConfigError(
                 f"{name} names database {db!r}, which is not a number "
-                f"(use e.g. redis://host:6379/13): {raw!r}"
+                f"(use e.g. redis://host:6379/13): {redact(raw)!r}"
             )
     return raw
 
 
 def _database_url(name: str, raw: str) -> str:
     if urlsplit(raw).scheme not in ("postgresql", "postgres"):
-        raise ConfigError(f"{name} is not a postgresql:// URL: {raw!r}")
+        raise ConfigError(f"{name} is not a postgresql:// URL: {redact(raw)!r}")
     return raw
 
 
@@ -334,7 +348,7 @@ def _signing_key(name: str, raw: str) -> str:
 
 def _http_url(name: str, raw: str) -> str:
     if urlsplit(raw).scheme not in ("http", "https"):
-        raise ConfigError(f"{name} is not an http:// or https:// URL: {raw!r}")
+        raise ConfigError(f"{name} is not an http:// or https:// URL: {redact(raw)!r}")
     return raw
 
 

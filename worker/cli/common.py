@@ -13,6 +13,7 @@ from rich.console import Console
 
 from contextlog.producers import ContextReader, Producer, connection
 from contextlog.producers.connection import SyncClient
+from contextlog.producers.liveness import postgres_options
 from contextlog.schema.errors import Unavailable
 from contextlog.worker.app.config import Settings
 from contextlog.worker.store.migrations import migrate
@@ -110,15 +111,18 @@ def redis_client(settings: Settings) -> SyncClient:
         settings.redis_url,
         socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_timeout=REPLY_TIMEOUT_S,
-    )
+    )  # keepalives: `connection.options`
 
 
 def queue_client(settings: Settings) -> redis.Redis:
     """A client for the queue Redis (`CONTEXTLOG_QUEUE_REDIS_URL`, default REDIS_URL)."""
     return redis.Redis.from_url(
         settings.queue_redis_url,
-        socket_connect_timeout=CONNECT_TIMEOUT_S,
-        socket_timeout=REPLY_TIMEOUT_S,
+        **connection.options(
+            settings.queue_redis_url,
+            socket_connect_timeout=CONNECT_TIMEOUT_S,
+            socket_timeout=REPLY_TIMEOUT_S,
+        ),
     )
 
 
@@ -132,9 +136,8 @@ def producer(settings: Settings) -> Producer:
 def pg_connect(settings: Settings) -> psycopg.Connection[TupleRow]:
     """A Postgres connection for `DATABASE_URL`; an unreachable server is `Unavailable`."""
     try:
-        return psycopg.connect(
-            settings.database_url, connect_timeout=CONNECT_TIMEOUT_S, application_name="contextlog"
-        )
+        options = postgres_options(settings.database_url, connect_timeout=CONNECT_TIMEOUT_S)
+        return psycopg.connect(settings.database_url, application_name="contextlog", **options)
     except psycopg.OperationalError as e:
         raise Unavailable(f"cannot reach Postgres (DATABASE_URL): {one_line(e)}") from e
 

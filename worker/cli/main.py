@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import signal
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from contextlog.schema.errors import ContextlogError, EventRejected, Unavailable
 from contextlog.worker.app import bootstrap, logs, metrics
 from contextlog.worker.app.clock import SystemClock
 from contextlog.worker.app.config import Settings
+from contextlog.worker.app.signals import Stopper
 from contextlog.worker.cli import answers
 from contextlog.worker.cli import api as cli_api
 from contextlog.worker.cli import common as cli_common
@@ -59,12 +58,11 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_ingest(settings: Settings, args: argparse.Namespace) -> int:
     """Run the ingest loop until SIGTERM or SIGINT."""
+    stopper = Stopper(settings.stop_grace)
+    stopper.install()
     cli_common.check_servers(settings)
     metrics.serve(args.metrics_port, args.metrics_bind)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    ingest = bootstrap.build_ingest(settings, stop)
+    ingest = bootstrap.build_ingest(settings, stopper.stop)
     bootstrap.tune_gc_for_batches()
     return ingest.run()
 
@@ -127,6 +125,12 @@ def _print_status(status: Status) -> None:
         + (f" (oldest {oldest:.0f}s)" if oldest is not None else "")
         + f"   effects waiting: {status.effects_waiting}"
     )
+    for node in status.redis:
+        limit = f"{node.maxmemory / (1 << 20):.1f} MiB" if node.maxmemory else "no maxmemory"
+        console.print(
+            f"{node.redis} {node.node}: {node.used_bytes / (1 << 20):.1f} MiB used of {limit}, "
+            f"maxmemory-policy {node.policy}, {node.evicted_keys} keys evicted"
+        )
     for p in status.problems:
         console.print(Text.assemble(("unhealthy:", "red"), " ", p))
 

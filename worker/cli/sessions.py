@@ -16,10 +16,12 @@ from contextlog.schema.notices import Notice
 from contextlog.worker.app import bootstrap, metrics
 from contextlog.worker.app.clock import SystemClock
 from contextlog.worker.app.config import Settings
+from contextlog.worker.app.signals import Stopper
 from contextlog.worker.cli import answers, dashboard
 from contextlog.worker.cli import common as cli_common
 from contextlog.worker.cli.common import console, positive
 from contextlog.worker.store import archive
+from contextlog.worker.tasks.rqworker import run_until_stopped
 
 
 def cmd_sessions(settings: Settings, args: argparse.Namespace) -> int:
@@ -135,25 +137,34 @@ def cmd_notifications(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     """Run an RQ worker on the `summaries`, `idle` and `webhooks` queues (with RQ's
     scheduler), the sweeper and the webhook dispatcher."""
+    stopper = Stopper(settings.stop_grace)
+    stopper.install()  # RQ installs its own in its loop, which tell the stopper first
+    bootstrap.check_worker_redis(settings)
     cli_common.check_servers(settings, queue=True)
     metrics.serve(args.metrics_port, args.metrics_bind)
-    w = bootstrap.build_worker(settings)
-    stop = threading.Event()
+    bootstrap.install(bootstrap.build_resources(settings))
     sweeper = threading.Thread(
-        target=bootstrap.sweep_forever, args=(settings, stop), name="sweeper", daemon=True
+        target=bootstrap.sweep_forever, args=(settings, stopper.stop), name="sweeper", daemon=True
     )
     sweeper.start()
     dispatcher = threading.Thread(
         target=bootstrap.dispatch_webhooks_forever,
-        args=(settings, stop),
+        args=(settings, stopper.stop),
         name="webhooks",
         daemon=True,
     )
     dispatcher.start()
     try:
-        w.work(burst=args.burst, with_scheduler=True, logging_level=settings.log_level.upper())
+        run_until_stopped(
+            lambda: bootstrap.build_worker(settings, stopper.request),
+            stopper.stop,
+            backoff_max=settings.backoff_max,
+            logging_level=settings.log_level.upper(),
+            burst=args.burst,
+            after=stopper.install,
+        )
     finally:
-        stop.set()
+        stopper.stop.set()
         sweeper.join(timeout=5)  # it clears its heartbeat on a clean stop
         dispatcher.join(timeout=5)
     return 0

@@ -15,8 +15,11 @@ from rq.worker_registration import REDIS_WORKER_KEYS
 
 from contextlog.schema import keys
 from contextlog.schema.queries import query
+from contextlog.worker.app import memory
+from contextlog.worker.app.config import QUEUE_REDIS_VAR
+from contextlog.worker.cli.common import one_line
 from contextlog.worker.ingest import deadletters
-from contextlog.worker.ingest.streams import entry_time_ms, id_key, recent_failures
+from contextlog.worker.ingest.streams import entry_time_ms, id_key, outages, recent_failures
 from contextlog.worker.tasks.queue import SUMMARIES
 from contextlog.worker.tasks.rqworker import dead_because
 from contextlog.worker.tasks.sweeper import BEAT_S, heartbeat_key, pid_namespace
@@ -55,6 +58,19 @@ class ShardStatus(msgspec.Struct, frozen=True):
     oldest_pending_age_s: float | None
     owner: str | None
     events_stored: int
+    oldest_waiting_age_s: float | None = None  # the oldest entry not yet acknowledged
+    last_commit_age_s: float | None = None  # None: nothing committed yet
+
+
+class RedisNode(msgspec.Struct, frozen=True):
+    """One Redis node's memory, as `status` read it."""
+
+    redis: str  # the variable naming it: REDIS_URL, CONTEXTLOG_QUEUE_REDIS_URL
+    node: str
+    used_bytes: int
+    maxmemory: int  # 0: no limit
+    policy: str
+    evicted_keys: int
 
 
 class QueueStatus(msgspec.Struct, frozen=True):
@@ -85,6 +101,7 @@ class Status(msgspec.Struct, frozen=True):
     summary_backlog: int = 0
     oldest_pending_summary_age_s: float | None = None
     effects_waiting: int = 0  # notices and jobs committed but not yet relayed
+    redis: list[RedisNode] = []
 
 
 OVERDUE_S = 120.0  # a timer this late means no scheduler is running
@@ -111,7 +128,15 @@ def _holders(r: Any, shards: int) -> list[str | None]:
     return [h.decode() if h else None for h in pipe.execute()]
 
 
-def _shard(client: Any, shard: int, owner: str | None, stored: int, now_ms: int) -> ShardStatus:
+def _shard(
+    client: Any,
+    shard: int,
+    owner: str | None,
+    stored: int,
+    now_ms: int,
+    committed: float | None = None,
+) -> ShardStatus:
+    """A shard's row; `committed`: seconds since its last commit (None: never)."""
     stream = keys.stream(shard)
     length = int(client.xlen(stream))
     group = _group(client, stream)
@@ -122,11 +147,34 @@ def _shard(client: Any, shard: int, owner: str | None, stored: int, now_ms: int)
     if group is not None and group["pending"]:
         summary = client.xpending(stream, keys.INGEST_GROUP)
         pending = int(summary["pending"])
-        oldest = summary["min"].decode() if isinstance(summary["min"], bytes) else summary["min"]
-        age = max(0.0, (now_ms - entry_time_ms(oldest)) / 1000)
-    return ShardStatus(
-        shard, length, None if lag is None else int(lag), pending, age, owner, stored
+        if summary["min"] is not None:  # None: acknowledged since XINFO GROUPS looked
+            age = max(0.0, (now_ms - entry_time_ms(_text(summary["min"]))) / 1000)
+    waiting = (
+        age if age is not None or not lag else _first_undelivered_age(client, stream, group, now_ms)
     )
+    return ShardStatus(
+        shard,
+        length,
+        None if lag is None else int(lag),
+        pending,
+        age,
+        owner,
+        stored,
+        oldest_waiting_age_s=waiting,
+        last_commit_age_s=committed,
+    )
+
+
+def _first_undelivered_age(
+    client: Any, stream: str, group: dict[str, Any] | None, now_ms: int
+) -> float | None:
+    """How old the first entry no consumer has read yet is (the stream's first, while it
+    has no group)."""
+    after = "-" if group is None else f"({_text(group.get('last-delivered-id')) or '0-0'}"
+    first = client.xrange(stream, min=after, max="+", count=1)
+    if not first:
+        return None
+    return max(0.0, (now_ms - entry_time_ms(_text(first[0][0]))) / 1000)
 
 
 LAG_COUNT_MAX = 10_000  # past this many undelivered entries, XLEN stands in for the lag
@@ -155,6 +203,67 @@ def shard_problems(rows: list[ShardStatus]) -> list[str]:
         for row in rows
         if row.owner is None and (row.pending or row.lag)
     ]
+
+
+# A shard whose owner has committed nothing for this long while its oldest entry waits
+# at least as long: its ingest is stuck (holding the lease, it keeps everyone else out).
+STUCK_S = 30.0
+
+
+def stuck_problems(rows: list[ShardStatus]) -> list[str]:
+    """Shards an ingest holds and does not drain: work waits, nothing commits."""
+    out = []
+    for row in rows:
+        waiting = row.oldest_waiting_age_s
+        if row.owner is None or waiting is None or waiting < STUCK_S:
+            continue
+        idle = row.last_commit_age_s
+        if idle is not None and idle < STUCK_S:
+            continue  # a backlog, being worked through
+        since = "has never committed" if idle is None else f"has committed nothing for {idle:.0f} s"
+        count = row.pending + (row.lag or 0)
+        entries = "1 entry waits" if count == 1 else f"{count} entries wait"
+        out.append(
+            f"ingest is stuck on shard {row.shard}: {row.owner} holds it and {since} while "
+            f"{entries} (the oldest for {waiting:.0f} s)"
+        )
+    return out
+
+
+DISK_FULL = ("No space left on device", "could not extend file", "53100")
+
+
+def outage_problems(r: Any, now_ms: int) -> list[str]:
+    """What live ingest consumers say they cannot reach, and for how long; a Postgres
+    refusing writes for want of disk is named as such."""
+    live = [_text(m) for m in r.zrangebyscore(keys.MEMBERS, now_ms, "+inf")]
+    out = []
+    for down in outages(r, live):
+        took = max(0.0, (now_ms - down.since_ms) / 1000)
+        if down.dependency == "postgres" and any(s in down.error for s in DISK_FULL):
+            what = "Postgres refuses writes: its disk is full"
+        else:
+            what = f"ingest cannot use {down.dependency.capitalize()}"
+        out.append(f"{what} ({down.consumer}, for {took:.0f} s): {one_line(down.error)}")
+    return out
+
+
+def redis_memory(named: list[tuple[str, Any]]) -> tuple[list[RedisNode], list[str]]:
+    """Each Redis's memory (a server named twice, as REDIS_URL and the queue Redis, once)
+    and its problems: an evicting policy, evicted keys, full or nearly."""
+    nodes: list[RedisNode] = []
+    problems: list[str] = []
+    seen: set[str] = set()
+    for what, client in named:
+        try:
+            found = [m for m in memory.read(client) if m.node not in seen]
+        except redis.ResponseError as e:  # an ACL user without +info
+            problems.append(f"cannot read {what}'s memory and eviction policy: {e}")
+            continue
+        seen.update(m.node for m in found)
+        problems += memory.problems(what, found)
+        nodes += [RedisNode(what, m.node, m.used, m.limit, m.policy, m.evicted) for m in found]
+    return nodes, problems
 
 
 CRASH_WINDOW_S = 600  # ingest crashes counted over the last ten minutes
@@ -248,13 +357,20 @@ def gather(
     q: Any = queue_client if queue_client is not None else client
     checkpoints = conn.execute(query("checkpoints")).fetchall()
     stored = {int(shard): int(events) for shard, _epoch, _entry_id, events, _at in checkpoints}
+    committed = {
+        int(shard): max(0.0, (now - at).total_seconds()) for shard, _, _, _, at in checkpoints
+    }
     conn.rollback()
     holders = _holders(r, shards)
     now_ms = int(now.timestamp() * 1000)
-    rows = [_shard(r, s, holders[s], stored.get(s, 0), now_ms) for s in range(shards)]
+    rows = [
+        _shard(r, s, holders[s], stored.get(s, 0), now_ms, committed.get(s)) for s in range(shards)
+    ]
     reasons = deadletters.by_reason(r, shards)
     consumers = int(r.zcount(keys.MEMBERS, now_ms, "+inf"))
-    problems = shard_problems(rows) + ingest_problems(r, now_ms)
+    nodes, memory_problems = redis_memory([("REDIS_URL", r), (QUEUE_REDIS_VAR, q)])
+    problems = memory_problems + outage_problems(r, now_ms) + stuck_problems(rows)
+    problems += shard_problems(rows) + ingest_problems(r, now_ms)
     queues = [_queue(q, name, now) for name in (IDLE, SUMMARIES)]
     workers, gone = workers_alive(q, now)
     problems += gone
@@ -274,6 +390,7 @@ def gather(
         summary_backlog=int(backlog),
         oldest_pending_summary_age_s=None if oldest is None else (now - oldest).total_seconds(),
         effects_waiting=int(waiting),
+        redis=nodes,
         healthy=not problems,
         problems=problems,
         shards=rows,

@@ -13,7 +13,7 @@ import math
 import threading
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import redis
@@ -33,7 +33,15 @@ from contextlog.worker.app import metrics
 from contextlog.worker.app.clock import Clock
 from contextlog.worker.app.config import Settings
 from contextlog.worker.ingest import attachments
-from contextlog.worker.ingest.streams import REDIS_AWAY, Entry, Fields, Rejected, Streams, id_key
+from contextlog.worker.ingest.streams import (
+    REDIS_AWAY,
+    Entry,
+    Fields,
+    Rejected,
+    Streams,
+    id_key,
+    is_full,
+)
 from contextlog.worker.store.eventlog import Accepted, EventLog
 
 log = structlog.get_logger("contextlog.ingest")
@@ -46,21 +54,30 @@ DATABASE_REFUSED = "database_refused"
 
 @dataclass
 class Health:
-    """Up/down state of each dependency, so an outage is logged once, not per retry."""
+    """Up/down state of each dependency, so an outage is logged once, not per retry, and
+    noted where `contextlog status` reads it (`report`: what is down and since when; called
+    on each change, with an empty dict once all is back)."""
 
     down: dict[str, str] = field(default_factory=dict)
+    report: Callable[[dict[str, str]], object] = lambda down: None
 
     def failed(self, name: str, error: BaseException) -> None:
-        """Record a failure; logs only on the up -> down change."""
-        if name not in self.down:
+        """Record a failure; logs and reports only on the up -> down change."""
+        changed = name not in self.down
+        if changed:
             log.warning("dependency unavailable, retrying", dependency=name, error=str(error))
         self.down[name] = str(error)
+        if changed:
+            self.report(self.down)
 
     def ok(self) -> None:
         """Everything worked: log each dependency that came back."""
+        if not self.down:
+            return
         for name in list(self.down):
             log.info("dependency back", dependency=name)
             del self.down[name]
+        self.report(self.down)
 
 
 class Ingest:
@@ -85,7 +102,8 @@ class Ingest:
         self.stop = stop or threading.Event()
         # Waiting between retries; a stop request cuts it short. Tests pass a fake.
         self.pause = pause or self.stop.wait
-        self.health = Health()
+        self.health = Health(report=self._report)
+        self._down_since: dict[str, int] = {}
         self.owned: dict[int, int] = {}  # shard -> lease epoch
         # Shards to recover before reading new entries; True when we just took the lease
         # (what is pending was in flight when its reader died: a new delivery).
@@ -99,6 +117,7 @@ class Ingest:
         self._next_sweep = 0.0
         self._next_trim = 0.0
         self._next_effects = 0.0
+        self._sweep: Future[None] | None = None  # the effects sweep running, if any
         self._backoff = 0.0
         self.stored = 0
         self.retries = 0  # passes that failed on an outage, for tests and metrics
@@ -110,6 +129,7 @@ class Ingest:
         log.info("ingest started", consumer=self.streams.consumer, shards=self.settings.shards)
         try:
             self.streams.record_start(self._now_ms())
+            self.streams.record_up()  # a note a killed namesake left is not ours
         except redis.RedisError as e:  # only a status note; the loop rides out the outage
             log.warning("could not record the start", error=str(e))
         while not self.stop.is_set():
@@ -128,6 +148,12 @@ class Ingest:
             self._close_db()
             self._outage("postgres", e)
         except Exception as e:
+            if is_full(e):
+                # Full, and what this pass needed takes memory (Redis 6 has no way around
+                # it, see streams.ALLOW_OOM): an outage, not a crash, so nothing counts as
+                # a delivery and nothing valid becomes poison while Redis is full.
+                self._outage("redis", e)
+                return
             # Deliberately broad: anything else is a bug or an entry our code cannot take.
             # Dying would only restart us on the same entries (and, under honcho, stop the
             # whole stack), so survive it the way a restart would: the entries in hand
@@ -144,6 +170,7 @@ class Ingest:
                 self.streams.release(shard)
             self.streams.leave()
             self.streams.record_stop()
+            self.streams.record_up()
         except redis.RedisError as e:
             log.warning("could not release leases", error=str(e))
         self.owned.clear()
@@ -151,6 +178,21 @@ class Ingest:
             self._executor.shutdown()
             self._executor = None
         self._close_db()
+
+    def _report(self, down: dict[str, str]) -> None:
+        """Note for `status` what this process cannot reach (the first outage of a spell,
+        since when), or take the note back. Best effort: a Redis that is away or full
+        cannot take it, and `status` then sees Redis itself."""
+        now_ms = self._now_ms()
+        self._down_since = {n: self._down_since.get(n, now_ms) for n in down}
+        try:
+            if not down:
+                self.streams.record_up()
+                return
+            name = next(iter(down))
+            self.streams.record_down(name, self._down_since[name], down[name])
+        except redis.RedisError as e:
+            log.debug("outage note not written", error=str(e))
 
     def _outage(self, name: str, error: BaseException) -> None:
         self.health.failed(name, error)
@@ -217,11 +259,29 @@ class Ingest:
             for shard in list(self.owned):
                 self.streams.trim(shard)
             self._next_trim = now + self.settings.trim_seconds
-        if now >= self._next_effects:
-            # Effects a crash or a Redis outage left between commit and relay.
-            if sent := self._log().flush_effects(older_than=EFFECTS_GRACE_S):
-                log.info("effects relayed by the sweep", count=sent)
+        if now >= self._next_effects and (self._sweep is None or self._sweep.done()):
+            # On a thread of the pool, with its own connection: the sweep's three round
+            # trips held every shard's next batch (at 150-300 ms of latency, 1.4 s).
             self._next_effects = now + EFFECTS_SWEEP_S
+            self._sweep = self._pool().submit(self._flush_effects)
+
+    def _flush_effects(self) -> None:
+        """Relay the effects a crash or a Redis outage left between commit and relay.
+        A Redis that refuses them (full, or away) leaves them in Postgres for the next
+        sweep: the drain, which frees Redis's memory, must not wait for them. (A Postgres
+        outage shows again at the next batch, which handles it.)"""
+        try:
+            sent = self._log().flush_effects(older_than=EFFECTS_GRACE_S)
+        except (redis.RedisError, Unavailable) as e:
+            log.warning("effects not relayed, left for the next sweep", error=str(e))
+            return
+        except Exception as e:
+            # Deliberately broad: it runs on the pool, where nothing would ever see what
+            # ended it; the effects wait in Postgres for the next sweep.
+            log.error("effects sweep failed, retrying at the next", exc_info=e)
+            return
+        if sent:
+            log.info("effects relayed by the sweep", count=sent)
 
     def _drain_parallel(self, work: list[tuple[int, list[Entry]]]) -> None:
         """Store the shards' batches on the pool, refilling as they finish: a task stores
@@ -419,12 +479,20 @@ class Ingest:
         if marked:
             self.streams.mark_inflight(shard, entries[0][0], entries[-1][0])
         accepted, rejected = self._sort_out(entries, deliveries, suspects)
+        full = None
         if rejected:
-            self._dead_letter(shard, rejected)
+            try:
+                self._dead_letter(shard, rejected)
+            except redis.ResponseError as e:
+                if not is_full(e):
+                    raise
+                full = e  # Redis 6, full: these wait for memory, the valid ones go on
         if accepted and attachments.any_refs(accepted):
             self._store_with_attachments(shard, accepted)
         elif accepted:
             self._store(shard, accepted)
+        if full is not None:
+            raise full
         return marked
 
     def _dead_letter(self, shard: int, rejected: list[Rejected]) -> None:

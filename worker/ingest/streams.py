@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
 import redis
+import structlog
 
 from contextlog.producers import connection
 from contextlog.schema import keys
@@ -19,6 +20,8 @@ REDIS_AWAY: Final = (
     redis.exceptions.ClusterDownError,
     redis.exceptions.TryAgainError,
 )
+
+log = structlog.get_logger("contextlog.streams")
 
 Fields = dict[bytes, bytes]
 PAGE: Final = 1000
@@ -60,6 +63,31 @@ _RELEASE: Final = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+_SET: Final = "return redis.call('SET', KEYS[1], ARGV[1])"
+_CREATE_GROUP: Final = "return redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM')"
+# A batch's dead letters, as `Streams.dead_letter`'s MULTI writes them, for a full Redis.
+# ARGV: group, cap, then per letter its entry id, reason, field count and fields.
+_DEAD_LETTER: Final = """
+local i = 3
+while i <= #ARGV do
+  local n = tonumber(ARGV[i + 2]) * 2
+  local fields = {}
+  for j = 1, n do fields[j] = ARGV[i + 2 + j] end
+  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', unpack(fields))
+  redis.call('HINCRBY', KEYS[2], 'dead:' .. ARGV[i + 1], 1)
+  redis.call('XACK', KEYS[3], ARGV[1], ARGV[i])
+  i = i + 3 + n
+end
+return 1
+"""
+# A full Redis (`maxmemory` reached, `noeviction`) refuses commands that may need memory
+# (SET, INCR, ZADD, XADD, XGROUP CREATE; a plain script as soon as it calls one) and
+# serves the others: reads, XACK, XCLAIM, XTRIM, PEXPIRE, DEL. Ingest's drain needs only
+# those, and draining (acknowledged entries trimmed) is what frees memory. What needs a
+# few bytes (taking a lease, a crash marker, a dead letter) runs as a script flagged
+# `allow-oom` (Redis 7.0+) once Redis said it is full; Redis 6 has no such flag, so there
+# these wait for memory, and a shard nobody holds waits with them.
+ALLOW_OOM: Final = "#!lua flags=allow-oom\n"
 
 
 @dataclass(frozen=True)
@@ -92,17 +120,22 @@ class Streams:
         self._start: str | None = None  # this run's start note (record_start)
         self.cluster = connection.is_cluster(client)
         self._turn = 0  # which shard a cluster read blocks on next (_read_per_shard)
-        self._acquire = client.register_script(_ACQUIRE)
         self._release = client.register_script(_RELEASE)
 
     # -- leases ---------------------------------------------------------------------
     def heartbeat(self, now_ms: int, ttl_ms: int) -> int:
-        """Announce this consumer; returns how many live ingest consumers there are."""
+        """Announce this consumer; returns how many live ingest consumers there are.
+        A full Redis refuses the announcement (ZADD needs memory): the count is still
+        read, and the leases we hold are still renewed (`renew`), so the drain goes on."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.zadd(keys.MEMBERS, {self.consumer: now_ms + ttl_ms})
         pipe.zremrangebyscore(keys.MEMBERS, "-inf", now_ms)
         pipe.zcard(keys.MEMBERS)
-        return int(pipe.execute()[2])
+        announced, *_, count = pipe.execute(raise_on_error=False)
+        for reply in (announced, count):
+            if isinstance(reply, Exception) and not is_full(reply):
+                raise reply
+        return 1 if isinstance(count, Exception) else max(1, int(count))
 
     def leave(self) -> None:
         """Stop counting this consumer as live."""
@@ -110,10 +143,12 @@ class Streams:
 
     def acquire(self, shard: int, ttl_ms: int, epoch_floor: int) -> int | None:
         """Take the shard's lease if free (or ours); returns the new epoch, or None."""
-        epoch = self._acquire(
-            keys=[keys.lease(shard), keys.epoch(shard)], args=[self.consumer, ttl_ms, epoch_floor]
-        )
+        shard_keys = [keys.lease(shard), keys.epoch(shard)]
+        epoch = self._eval(_ACQUIRE, shard_keys, [self.consumer, ttl_ms, epoch_floor])
         return int(epoch) or None
+
+    def _eval(self, script: str, script_keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return eval_even_full(self.redis, script, script_keys, args)
 
     def renew(self, shards: Sequence[int], ttl_ms: int) -> list[int]:
         """Extend our leases; returns the shards whose lease we no longer hold."""
@@ -133,10 +168,24 @@ class Streams:
     def ensure_group(self, shard: int) -> None:
         """Create the shard's stream and consumer group if missing."""
         try:
-            self.redis.xgroup_create(keys.stream(shard), keys.INGEST_GROUP, id="0", mkstream=True)
+            try:
+                stream = keys.stream(shard)
+                self.redis.xgroup_create(stream, keys.INGEST_GROUP, id="0", mkstream=True)
+            except redis.exceptions.OutOfMemoryError:
+                # A full Redis refuses even to find the group there: look, and make it
+                # (a stream nothing was written to yet) with the few bytes it needs.
+                if not self._has_group(shard):
+                    self._eval(_CREATE_GROUP, [stream], [keys.INGEST_GROUP])
         except redis.ResponseError as e:
             if "BUSYGROUP" not in str(e):
                 raise
+
+    def _has_group(self, shard: int) -> bool:
+        try:
+            groups = self.redis.xinfo_groups(keys.stream(shard))
+        except redis.ResponseError:  # no such stream
+            return False
+        return any(_s(g["name"]) == keys.INGEST_GROUP for g in groups)
 
     def read_new(self, shards: Sequence[int], count: int, block_ms: int) -> dict[int, list[Entry]]:
         """Never-delivered entries of our shards, in one blocking XREADGROUP."""
@@ -256,7 +305,12 @@ class Streams:
                     stream, keys.INGEST_GROUP, self.consumer, 0, ids[i : i + PAGE]
                 )
                 claimed += _decode_entries(reply)
-            self.redis.xgroup_delconsumer(stream, keys.INGEST_GROUP, name)
+            # Redis 6 refuses it when full: the empty consumer is forgotten next time.
+            try:
+                self.redis.xgroup_delconsumer(stream, keys.INGEST_GROUP, name)
+            except redis.ResponseError as e:
+                if not is_full(e):
+                    raise
         return claimed
 
     def _pending(self, shard: int, consumer: str) -> list[dict[str, Any]]:
@@ -295,9 +349,16 @@ class Streams:
         """Record the entries (`first` to `last`) being processed right now; None clears."""
         if first is None:
             self.redis.delete(keys.inflight(shard))
-        else:
-            value = first if last in (None, first) else f"{first} {last}"
-            self.redis.set(keys.inflight(shard), value)
+            return
+        value = first if last in (None, first) else f"{first} {last}"
+        try:
+            self._eval(_SET, [keys.inflight(shard)], [value])
+        except redis.ResponseError as e:
+            if not is_full(e):
+                raise
+            # Redis 6 when full: without the marker, an entry that kills ingest is found
+            # by its delivery count alone (several share the blame until it is caught).
+            log.warning("crash marker not written: Redis is full", shard=shard)
 
     def inflight(self, shard: int) -> tuple[str, str] | None:
         """The entries a previous owner was processing when it died, as (first, last)."""
@@ -321,6 +382,14 @@ class Streams:
         """Take back this run's start note: it ended cleanly."""
         if self._start is not None:
             self.redis.zrem(keys.RUNS, self._start)
+
+    def record_down(self, dependency: str, since_ms: int, error: str) -> None:
+        """Note that this consumer cannot use `dependency` (postgres, redis) since then."""
+        self.redis.hset(keys.DOWN, self.consumer, f"{dependency}|{since_ms}|{error[:300]}")
+
+    def record_up(self) -> None:
+        """Take the note back: everything works again."""
+        self.redis.hdel(keys.DOWN, self.consumer)
 
     def record_crash(self, now_ms: int, error: str) -> None:
         """Note a crash that ingest survived in-process (the entries in hand are retried)."""
@@ -347,7 +416,10 @@ class Streams:
             )
             pipe.hincrby(keys.stats(shard), f"dead:{r.reason}", 1)
         pipe.xack(keys.stream(shard), keys.INGEST_GROUP, *[r.entry_id for r in rejected])
-        pipe.execute()
+        try:
+            pipe.execute()
+        except redis.exceptions.OutOfMemoryError:  # refused whole (EXECABORT)
+            self._eval(_DEAD_LETTER, _letter_keys(shard), _letter_args(shard, rejected))
 
     def trim(self, shard: int) -> int:
         """Drop acknowledged entries: everything below the oldest pending or undelivered one."""
@@ -367,6 +439,62 @@ class Streams:
         return int(self.redis.xtrim(stream, minid=floor, approximate=False))
 
 
+def eval_even_full(
+    client: Any, script: str, script_keys: Sequence[str], args: Sequence[Any]
+) -> Any:
+    """EVAL `script`; on a full Redis, again as `allow-oom` (see ALLOW_OOM). A plain EVAL
+    with the text: scripts are a few dozen bytes, and a replica a failover promoted, or a
+    Redis restarted, has none loaded."""
+    try:
+        return client.eval(script, len(script_keys), *script_keys, *args)
+    except redis.ResponseError as full:
+        if not is_full(full):
+            raise
+        try:
+            return client.eval(ALLOW_OOM + script, len(script_keys), *script_keys, *args)
+        except redis.ResponseError as e:
+            if _no_script_flags(e):
+                raise full from None  # Redis 6: wait for memory
+            raise
+
+
+_SET_ABSENT: Final = "return redis.call('SET', KEYS[1], ARGV[1], 'NX')"
+
+
+def set_absent(client: Any, key: str, value: Any) -> None:
+    """SET NX, also on a full Redis (7.0+): a start-up note of a few bytes."""
+    eval_even_full(client, _SET_ABSENT, [key], [value])
+
+
+def _letter_keys(shard: int) -> list[str]:
+    return [keys.dead_letters(shard), keys.stats(shard), keys.stream(shard)]
+
+
+def _letter_args(shard: int, rejected: Sequence[Rejected]) -> list[Any]:
+    """`_DEAD_LETTER`'s arguments: what `dead_letter`'s MULTI sends."""
+    args: list[Any] = [keys.INGEST_GROUP, DEAD_LETTER_CAP]
+    for r in rejected:
+        fields = dead_letter_fields(shard, r)
+        args += [r.entry_id, r.reason, len(fields)]
+        for name, value in fields.items():
+            args += [name, value]
+    return args
+
+
+def is_full(error: BaseException) -> bool:
+    """Whether Redis refused a command for want of memory (Redis 6 reports a script's
+    refusal as a script error carrying the OOM reply)."""
+    return isinstance(error, redis.exceptions.OutOfMemoryError) or (
+        isinstance(error, redis.ResponseError) and "OOM command not allowed" in str(error)
+    )
+
+
+def _no_script_flags(error: redis.ResponseError) -> bool:
+    """Whether Redis refused a script for its `#!lua` line: a Redis older than 7.0."""
+    text = str(error)
+    return "shebang" in text or "compiling script" in text
+
+
 def dead_letter_fields(shard: int, r: Rejected) -> dict[str | bytes, bytes | str | int]:
     """The fields of a dead letter: why, where from, and the original fields."""
     out: dict[str | bytes, bytes | str | int] = {
@@ -382,6 +510,27 @@ def dead_letter_fields(shard: int, r: Rejected) -> dict[str | bytes, bytes | str
         else:
             out[b"orig:" + name] = value[:ORIG_PREFIX]
             out[b"orig_bytes:" + name] = len(value)
+    return out
+
+
+class Down(NamedTuple):
+    """A live ingest consumer that cannot use one of its servers."""
+
+    consumer: str
+    dependency: str
+    since_ms: int
+    error: str
+
+
+def outages(client: redis.Redis, live: Iterable[str]) -> list[Down]:
+    """What the live consumers among `live` said they cannot reach (`record_down`)."""
+    notes: Any = client.hgetall(keys.DOWN)
+    alive = set(live)
+    out = []
+    for consumer, note in sorted((_s(c), _s(n)) for c, n in notes.items()):
+        dependency, since, error = [*note.split("|", 2), "", ""][:3]
+        if consumer in alive and since.isdigit():
+            out.append(Down(consumer, dependency, int(since), error))
     return out
 
 

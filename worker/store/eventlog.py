@@ -3,11 +3,13 @@ schema, rows.py formats the rows, outbox.py sends what a batch asks for)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import re
+import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final, NamedTuple, Protocol
@@ -16,6 +18,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 
+from contextlog.producers.liveness import Watchdog
 from contextlog.schema import codec
 from contextlog.schema import events as ev
 from contextlog.schema.defaults import ConversationDefaults
@@ -42,6 +45,10 @@ REBUILD_LOCK: Final = 0x72656275  # "rebu"
 
 IDLE: Final = TransactionStatus.IDLE
 
+
+# How long one call on the ingest connection (a batch's append, a sweep) may wait for
+# Postgres before the connection is cut: a batch outliving its lease is fenced anyway.
+DEADLINE_S: Final = 15.0
 
 # A stalled writer (a frozen process, a paused VM) holds its batch's transaction, and so its
 # shard's checkpoint lock, for as long as it is stalled. It must not outlive its lease:
@@ -117,6 +124,8 @@ class PostgresEventLog:
         defaults: ConversationDefaults | None = None,
         relay: Relay | None = None,
         now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        watchdog: Watchdog | None = None,
+        deadline_s: float = DEADLINE_S,
     ) -> None:
         self.conn = conn
         self.defaults = defaults or ConversationDefaults()
@@ -124,17 +133,38 @@ class PostgresEventLog:
         # The authoritative time of what a batch logs (`events.recorded_at`): ingest's
         # clock, read once a batch, never a producer's.
         self.now = now
+        self.watchdog = watchdog or Watchdog()
+        self.deadline_s = deadline_s
+
+    @contextlib.contextmanager
+    def _bounded(self) -> Iterator[None]:
+        """Cut the connection if the block still runs after `deadline_s`: a Postgres
+        that stopped answering (a half-open connection, a black hole) fails the call as
+        `Unavailable` instead of holding ingest for ever."""
+        due = time.monotonic() + self.deadline_s
+        with self.watchdog.guard(self.conn.fileno(), due) as guard:
+            try:
+                yield
+            except psycopg.OperationalError as e:
+                if guard.cut:
+                    raise Unavailable(
+                        f"Postgres did not answer within {self.deadline_s:g}s ({e})"
+                    ) from e
+                raise
 
     def append(self, shard: int, epoch: int, batch: Sequence[Accepted]) -> int:
         """See `EventLog.append`."""
         try:
-            return self._append(shard, epoch, batch)
+            with self._bounded():
+                return self._append(shard, epoch, batch)
         except psycopg.errors.UniqueViolation as e:
             raise Conflict(f"shard {shard}: {e}") from e
         except (psycopg.errors.DataError, psycopg.errors.IntegrityError) as e:
             raise StorageRefused(str(e)) from e
         except psycopg.errors.LockNotAvailable as e:
-            raise ShardBusy(f"shard {shard}: its checkpoint is locked ({e})") from e
+            # A lock on its checkpoint row (a stalled former writer) or on a table (a
+            # `LOCK TABLE`, a migration): the server's message says which wait ended.
+            raise ShardBusy(f"shard {shard}: a lock it needs is held elsewhere ({e})") from e
         except psycopg.OperationalError as e:
             raise Unavailable(f"Postgres: {e}") from e
         except psycopg.DatabaseError as e:
@@ -145,8 +175,9 @@ class PostgresEventLog:
     def epochs(self) -> dict[int, int]:
         """See `EventLog.epochs`."""
         try:
-            rows = self.conn.execute("SELECT shard, epoch FROM shard_checkpoints").fetchall()
-            self.conn.rollback()
+            with self._bounded():
+                rows = self.conn.execute("SELECT shard, epoch FROM shard_checkpoints").fetchall()
+                self.conn.rollback()
         except psycopg.OperationalError as e:
             raise Unavailable(f"Postgres: {e}") from e
         return {int(shard): int(epoch) for shard, epoch in rows}
@@ -154,8 +185,9 @@ class PostgresEventLog:
     def stored_attachments(self, hashes: Sequence[str]) -> set[str]:
         """See `EventLog.stored_attachments`."""
         try:
-            found = attachments.stored(self.conn, hashes)
-            self.conn.rollback()
+            with self._bounded():
+                found = attachments.stored(self.conn, hashes)
+                self.conn.rollback()
         except psycopg.OperationalError as e:
             raise Unavailable(f"Postgres: {e}") from e
         return found
@@ -261,7 +293,8 @@ class PostgresEventLog:
 
     def flush_effects(self, older_than: float = 30.0, limit: int = 500) -> int:
         """See `EventLog.flush_effects`."""
-        return self.outbox.flush(older_than, limit)
+        with self._bounded():
+            return self.outbox.flush(older_than, limit)
 
     def _not_stored(self, cur: psycopg.Cursor[TupleRow], batch: list[Accepted]) -> list[Accepted]:
         """The events of `batch` not yet in the log (after a redelivery)."""

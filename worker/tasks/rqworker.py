@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+import redis
 import structlog
 from rq import SimpleWorker
 from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
@@ -102,6 +104,16 @@ class ContextlogWorker(SimpleWorker):
     """SimpleWorker that takes over a dead namesake's registration and whose scheduler
     process exits with it."""
 
+    # Told of a stop request (SIGTERM, SIGINT) before RQ handles it: `signals.Stopper`,
+    # which bounds how long the job in hand may keep the process.
+    on_stop: Callable[[], object] | None = None
+
+    def request_stop(self, signum: Any, frame: Any) -> None:
+        """RQ's warm shutdown, after telling `on_stop`."""
+        if self.on_stop is not None:
+            self.on_stop()
+        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
+
     def register_birth(self) -> None:
         """RQ's registration, after clearing a provably dead worker of the same name."""
         self._take_over_dead_namesake()
@@ -178,6 +190,39 @@ class ContextlogWorker(SimpleWorker):
         finally:
             scheduler.release_locks()  # type: ignore[no-untyped-call]
             scheduler.register_death()
+
+
+def run_until_stopped(
+    make: Callable[[], ContextlogWorker],
+    stop: threading.Event,
+    *,
+    backoff_max: float,
+    logging_level: str,
+    burst: bool = False,
+    after: Callable[[], object] = lambda: None,
+) -> None:
+    """Run RQ's work loop until `stop` is set, again each time it ends on its own.
+
+    RQ's loop ends when Redis refuses a write it needs (a full Redis answers `OOM` to its
+    heartbeat), when a command times out outside its wait for jobs, and on anything it
+    does not expect; its start fails the same way (registering the worker needs memory).
+    The process used to exit then, for good; now it waits (doubling up to `backoff_max`)
+    and starts a new worker, which takes over its own registration. `after` runs once
+    RQ's loop has returned (it leaves its signal handlers installed).
+    """
+    delay = 0.0
+    while not stop.is_set():
+        try:
+            make().work(burst=burst, with_scheduler=True, logging_level=logging_level)
+        except redis.RedisError as e:
+            log.warning("the worker cannot run, retrying", error=str(e))
+        else:
+            if burst or stop.is_set():
+                return
+            log.warning("RQ's work loop ended without a stop request, starting it again")
+        after()
+        delay = min(backoff_max, max(1.0, delay * 2))
+        stop.wait(delay)
 
 
 def _decoded(raw: Any) -> dict[str, str]:

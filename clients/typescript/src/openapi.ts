@@ -521,16 +521,16 @@ export interface components {
          * @description Acknowledge a consumer's notices up to and including the entry `through`.
          */
         AckIn: {
-            /** @description 1-200 characters, no control characters */
+            /** @description 1-200 characters, no control, format or separator characters */
             source: string;
             through: string;
             /**
-             * @description 1-200 characters, no control characters
+             * @description 1-200 characters, no control, format or separator characters
              * @default adapter
              */
             group?: string;
             /**
-             * @description 1-200 characters, no control characters
+             * @description 1-200 characters, no control, format or separator characters
              * @default http
              */
             consumer?: string;
@@ -621,9 +621,9 @@ export interface components {
             external_id?: string | null;
             /** @default null */
             occurred_at?: string | null;
-            /** @description 1-200 characters, no control characters */
+            /** @description 1-200 characters, no control, format or separator characters */
             agent: string;
-            /** @description 1-200 characters, no control characters */
+            /** @description 1-200 characters, no control, format or separator characters */
             channel: string;
         };
         /**
@@ -671,9 +671,9 @@ export interface components {
             /** @default null */
             occurred_at?: string | null;
             session_id: string;
-            /** @description 1-200 characters, no control characters */
+            /** @description 1-200 characters, no control, format or separator characters */
             agent: string;
-            /** @description 1-200 characters, no control characters */
+            /** @description 1-200 characters, no control, format or separator characters */
             channel: string;
         };
         /**
@@ -806,9 +806,9 @@ export interface components {
             thinking?: {
                 [key: string]: unknown;
             } | null;
-            /** @description 1-200 characters, no control characters */
+            /** @description 1-200 characters, no control, format or separator characters */
             agent: string;
-            /** @description 1-200 characters, no control characters */
+            /** @description 1-200 characters, no control, format or separator characters */
             channel: string;
         };
         /**
@@ -862,9 +862,9 @@ export interface components {
             content: string | {
                 [key: string]: unknown;
             }[];
-            /** @description 1-200 characters, no control characters */
+            /** @description 1-200 characters, no control, format or separator characters */
             agent: string;
-            /** @description 1-200 characters, no control characters */
+            /** @description 1-200 characters, no control, format or separator characters */
             channel: string;
         };
         /**
@@ -942,9 +942,9 @@ export interface components {
             /** @default null */
             occurred_at?: string | null;
             keep: number;
-            /** @description 1-200 characters, no control characters */
+            /** @description 1-200 characters, no control, format or separator characters */
             agent: string;
-            /** @description 1-200 characters, no control characters */
+            /** @description 1-200 characters, no control, format or separator characters */
             channel: string;
         };
         /**
@@ -959,6 +959,18 @@ export interface components {
             failed: number;
             oldest_queued_age_s: number | null;
             overdue: number;
+        };
+        /**
+         * RedisNode
+         * @description One Redis node's memory, as `status` read it.
+         */
+        RedisNode: {
+            redis: string;
+            node: string;
+            used_bytes: number;
+            maxmemory: number;
+            policy: string;
+            evicted_keys: number;
         };
         /**
          * Replayed
@@ -1022,9 +1034,9 @@ export interface components {
             /** @default null */
             occurred_at?: string | null;
             session_id: string;
-            /** @description 1-200 characters, no control characters */
+            /** @description 1-200 characters, no control, format or separator characters */
             agent: string;
-            /** @description 1-200 characters, no control characters */
+            /** @description 1-200 characters, no control, format or separator characters */
             channel: string;
         };
         /**
@@ -1064,9 +1076,9 @@ export interface components {
             occurred_at?: string | null;
             /** @default null */
             description?: string | null;
-            /** @description 1-200 characters, no control characters */
+            /** @description 1-200 characters, no control, format or separator characters */
             agent: string;
-            /** @description 1-200 characters, no control characters */
+            /** @description 1-200 characters, no control, format or separator characters */
             channel: string;
         };
         /**
@@ -1155,9 +1167,9 @@ export interface components {
             idle_timeout?: number | null;
             /** @default null */
             token_budget?: number | null;
-            /** @description 1-200 characters, no control characters */
+            /** @description 1-200 characters, no control, format or separator characters */
             agent: string;
-            /** @description 1-200 characters, no control characters */
+            /** @description 1-200 characters, no control, format or separator characters */
             channel: string;
         };
         /**
@@ -1181,6 +1193,10 @@ export interface components {
             oldest_pending_age_s: number | null;
             owner: string | null;
             events_stored: number;
+            /** @default null */
+            oldest_waiting_age_s?: number | null;
+            /** @default null */
+            last_commit_age_s?: number | null;
         };
         /**
          * Status
@@ -1208,6 +1224,8 @@ export interface components {
             oldest_pending_summary_age_s?: number | null;
             /** @default 0 */
             effects_waiting?: number;
+            /** @default [] */
+            redis?: components["schemas"]["RedisNode"][];
         };
         /**
          * TurnIn
@@ -1266,7 +1284,7 @@ export interface components {
          */
         WebhookIn: {
             url: string;
-            /** @description 1-200 characters, no control characters */
+            /** @description 1-200 characters, no control, format or separator characters */
             source: string;
             kinds: string[];
             /** @default null */
