@@ -54,6 +54,9 @@ COMMANDS: dict[str, tuple[list[str], tuple[str, ...]]] = {
     "retire": (["retire", "--idle-for", "1d", "--archive", "{tmp}"], ("postgres",)),
     "chat": (["chat", A], ("postgres", "redis")),
     "demo": (["demo"], ("postgres", "redis")),
+    "api": (["api"], ("postgres", "redis")),
+    "keys": (["keys", "list"], ("postgres",)),
+    "webhooks": (["webhooks", "deliveries"], ("postgres",)),
 }
 # Not driven here, and why.
 ELSEWHERE = {

@@ -53,10 +53,11 @@ def create_database(base_url: str, name: str, tablespace: str | None = None) -> 
 # an older layout (010: `wait_for`'s wait; 011: the window's definition and cut; 013: its
 # edge, inlined).
 CALLED_FUNCTIONS: Final = frozenset({8, 10, 11, 12, 13})
-# Migrations today's writer needs whole (014: the segments' columns and functions), applied
-# early but not recorded: `migrate` applies them again in order, which they allow (they
-# add what is missing, and leave threads that have a segment as they are).
-REAPPLIED: Final = frozenset({14})
+# Migrations today's writer needs whole (014: the segments' columns and functions; 020:
+# the sessions' `imported_from`), applied early but not recorded: `migrate` applies them
+# again in order, which they allow (they add what is missing, and leave threads that have
+# a segment as they are).
+REAPPLIED: Final = frozenset({14, 20})
 # The columns today's writer writes that a later migration adds (009: the running totals),
 # added under an older layout as that migration adds them (IF NOT EXISTS: it skips them,
 # or adds them again to the table 007 builds).
@@ -67,8 +68,9 @@ WRITER_COLUMNS: Final = {
 }
 
 
-# Migrations after those the layout tests are about that add only tables of their own
-# (015: the HTTP API's keys and webhooks): `migrate` applies them after the others.
+# Migrations after those the layout tests are about that add tables of their own (015: the
+# HTTP API's keys and webhooks; 020: the signing key): `migrate` applies them after the
+# others.
 OWN_TABLES: Final = ["015_api", "020_trust"]
 
 
