@@ -154,7 +154,7 @@ class Context:
             system = self.frame.system
         if tools is None and self.frame is not None:
             tools = self.frame.tools
-        return prompt.request(self, system=system, tools=tools, cache=cache)
+        return prompt.request(self.messages, self.system, system=system, tools=tools, cache=cache)
 
 
 def estimate_tokens(content: str | Sequence[Block]) -> int:

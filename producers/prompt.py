@@ -25,12 +25,9 @@ redacted thinking, empty text) is skipped for the nearest earlier one that can.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from contextlog.schema.blocks import THINKING
-
-if TYPE_CHECKING:
-    from contextlog.producers.context import Context
 
 Block = dict[str, Any]
 MAX_BREAKPOINTS: Final = 4
@@ -38,18 +35,20 @@ EPHEMERAL: Final = {"type": "ephemeral"}
 
 
 def request(
-    ctx: Context,
+    context: Sequence[dict[str, Any]],
+    header: str | None,
     *,
     system: str | Sequence[Block] | None,
     tools: Sequence[Block] | None,
     cache: bool,
 ) -> dict[str, Any]:
-    """Keyword arguments in cache order: tools, system, messages (copies where marked:
-    the context and the adapter's objects are never changed)."""
+    """Keyword arguments in cache order: tools, system (the bot's, then our `header`),
+    messages (the `context`'s; copies where marked: the context and the adapter's objects
+    are never changed)."""
     own = _as_blocks(system)
-    blocks = own + ([{"type": "text", "text": ctx.system}] if ctx.system else [])
+    blocks = own + ([{"type": "text", "text": header}] if header else [])
     tool_list = [dict(t) for t in tools] if tools else []
-    messages = list(ctx.messages)
+    messages = list(context)
     if cache:
         _mark(tool_list, own, blocks, messages)
     out: dict[str, Any] = {}

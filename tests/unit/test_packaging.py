@@ -12,7 +12,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-from contextlog.worker.cli import script
+from contextlog.worker.cli import extras
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER_ONLY = ("rq", "anthropic", "rich", "structlog", "prometheus_client")
@@ -93,11 +93,11 @@ def dist_modules(requirements: list[str]) -> set[str]:
 
 
 def test_the_console_script_knows_which_extra_brings_each_module() -> None:
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"
     ]
-    for extra, modules in script.EXTRA_MODULES.items():
-        assert set(modules) == dist_modules(extras[extra]), extra
+    for extra, modules in extras.EXTRA_MODULES.items():
+        assert set(modules) == dist_modules(declared[extra]), extra
 
 
 def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
@@ -119,6 +119,13 @@ def test_the_dashboard_without_its_extra_names_it() -> None:
     line = one_line_error(run_without(DASHBOARD_ONLY, code))
     assert line.startswith("contextlog: this command needs the `dashboard` extra (module ")
     assert "[dashboard]" in line
+
+
+def test_the_api_without_its_extra_names_it() -> None:
+    code = "from contextlog.worker.cli.script import main; sys.exit(main(['api']))"
+    line = one_line_error(run_without(("starlette", "uvicorn"), code))
+    assert line.startswith("contextlog: this command needs the `api` extra (module ")
+    assert "[api]" in line
 
 
 def readme_install_lines() -> list[str]:

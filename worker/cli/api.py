@@ -14,18 +14,19 @@ from contextlog.worker.api import keys
 from contextlog.worker.app.config import Settings
 from contextlog.worker.cli import common as cli_common
 from contextlog.worker.cli.common import console, positive
+from contextlog.worker.cli.extras import extra_for, install_hint
 from contextlog.worker.store.migrations import migrate
 from contextlog.worker.tasks import webhooks as hooks
 
 
 def cmd_api(settings: Settings, args: argparse.Namespace) -> int:
     """Serve the HTTP API (CONTEXTLOG_API_BIND:CONTEXTLOG_API_PORT) until SIGTERM."""
-    try:
+    try:  # here, not at the top: importing it is what needs the extra
         from contextlog.worker.api import server
-    except ImportError as e:  # the `api` extra is not installed
-        raise ConfigError(
-            f"contextlog api needs the `api` extra: pip install 'contextlog-memory[api]' ({e})"
-        ) from None
+    except ModuleNotFoundError as e:
+        if extra_for(e) != "api":
+            raise
+        raise ConfigError(install_hint("api", e.name)) from None
     cli_common.check_servers(settings)
     server.serve(settings)
     return 0

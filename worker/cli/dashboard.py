@@ -16,7 +16,7 @@ import structlog
 
 from contextlog.schema.errors import ConfigError
 from contextlog.worker.app.config import Settings
-from contextlog.worker.cli import script
+from contextlog.worker.cli.extras import install_hint
 from contextlog.worker.tasks.queue import SUMMARIES
 
 log = structlog.get_logger("contextlog.dashboard")
@@ -52,7 +52,7 @@ def _modules() -> SimpleNamespace:
         import rq_dashboard.web  # type: ignore[import-untyped]
         from werkzeug import serving
     except ModuleNotFoundError as e:
-        raise ConfigError(script.install_hint("dashboard", e.name)) from None
+        raise ConfigError(install_hint("dashboard", e.name)) from None
     return SimpleNamespace(flask=flask, cli=rq_dashboard.cli, web=rq_dashboard.web, serving=serving)
 
 
