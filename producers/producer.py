@@ -244,9 +244,9 @@ class AsyncProducer(_Base, Commands[Any]):
     async def _send(self, event: ev.Event) -> str:
         return (await self.send_prepared([self.encoder.prepare(event)]))[0]
 
-    async def push_many(self, events: Iterable[ev.Event]) -> list[str]:
-        """Send many events in one pipeline; returns their ids in order."""
-        return await self.send_prepared([self.encoder.prepare(e) for e in events])
+    async def push_many(self, events: Iterable[ev.Event], *, atomic: bool = False) -> list[str]:
+        """`Producer.push_many`, for asyncio."""
+        return await self.send_prepared([self.encoder.prepare(e) for e in events], atomic=atomic)
 
     @asynccontextmanager
     async def batch(self) -> AsyncIterator[Batch]:
@@ -255,18 +255,20 @@ class AsyncProducer(_Base, Commands[Any]):
         yield b
         await self.send_prepared(b.prepared)
 
-    async def send_prepared(self, prepared: list[Prepared]) -> list[str]:
+    async def send_prepared(self, prepared: list[Prepared], *, atomic: bool = False) -> list[str]:
         """`Producer.send_prepared`, for asyncio."""
+        if atomic and connection.is_cluster(self.redis):
+            _one_shard(prepared)
         try:
             if not self._shards_checked:
                 keys.check_shards(await self.redis.get(keys.SHARDS_KEY), self.encoder.shards)
                 self._shards_checked = True
             try:
-                replies = await self._execute(prepared)
+                replies = await self._execute(prepared, atomic)
             except _LOST as lost:
                 if not _sent(lost):
                     raise
-                replies = await self._again(prepared, lost)
+                replies = await self._again(prepared, atomic, lost)
         except redis.RedisError as e:
             raise _refused(e) from e
         _outcome(prepared, replies)
@@ -276,15 +278,15 @@ class AsyncProducer(_Base, Commands[Any]):
         """`Producer.resend`, for asyncio."""
         return await self.send_prepared(_resent(error))
 
-    async def _execute(self, prepared: list[Prepared]) -> list[Any]:
-        pipe = self.redis.pipeline(transaction=_with_blobs(prepared))
+    async def _execute(self, prepared: list[Prepared], atomic: bool) -> list[Any]:
+        pipe = self.redis.pipeline(transaction=atomic or _with_blobs(prepared))
         _queue(pipe, prepared, self.encoder.limits.ttl_s)
         return await pipe.execute(raise_on_error=False)
 
-    async def _again(self, prepared: list[Prepared], lost: Exception) -> list[Any]:
+    async def _again(self, prepared: list[Prepared], atomic: bool, lost: Exception) -> list[Any]:
         """`Producer._again`, for asyncio."""
         try:
-            return await self._execute(prepared)
+            return await self._execute(prepared, atomic)
         except redis.RedisError as e:
             raise _uncertain(prepared, f"its answer was lost: {lost}; and again: {e}") from e
 

@@ -644,9 +644,23 @@ class AsyncContextReader(_Reader):
     ) -> SessionInfo:
         """One live session; `Refused` ("there is no session") if unknown, deleted, or of
         another conversation than the one named."""
+        return (await self._session(session_id, agent, channel))[0]
+
+    async def session_messages(
+        self, session_id: str, *, agent: str | None = None, channel: str | None = None
+    ) -> tuple[SessionInfo, list[SessionMessage]]:
+        """`ContextReader.session_messages`, for asyncio."""
+        info, seqs = await self._session(session_id, agent, channel)
+        params = {"agent": info.agent, "channel": info.channel, "seqs": seqs}
+        rows = await self._read(lambda conn: _asend_rows(conn, "session_messages", params))
+        return info, to_messages(rows)
+
+    async def _session(
+        self, session_id: str, agent: str | None, channel: str | None
+    ) -> tuple[SessionInfo, list[int]]:
         params = {"session_id": session_id, "agent": agent, "channel": channel}
         rows = await self._read(lambda conn: _asend_rows(conn, "get_session", params))
-        return pick(rows, session_id, agent, channel)[0]
+        return pick(rows, session_id, agent, channel)
 
     async def _read(self, send: ASend[T]) -> T:
         """`ContextReader._read`, for asyncio."""
@@ -688,8 +702,12 @@ class AsyncContextReader(_Reader):
             if listening:
                 await conn.execute(query("unlisten_commits"))
 
+    async def connection(self, deadline: float | None = None) -> Any:
+        """`ContextReader.connection`, for asyncio: `async with await r.connection():`."""
+        return await self._aconn(deadline)
+
     async def _aconn(self, deadline: float | None = None) -> Any:
-        """`ContextReader.connection`, for asyncio."""
+        """`connection`, under the name the reader's own reads pass around."""
         deadline = deadline or _deadline(CONNECTION_TIMEOUT_S)
         if self.pool.closed:
             await self.pool.open(wait=False)  # see `ContextReader.connection`
