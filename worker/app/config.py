@@ -110,6 +110,9 @@ class Settings:
     webhook_allow_private: bool = False
     webhook_timeout: float = DEFAULT_WEBHOOK_TIMEOUT
     webhook_attempts: int = DEFAULT_WEBHOOK_ATTEMPTS
+    # `contextlog acl`: each Redis user's password (CONTEXTLOG_REDIS_PASSWORD_<ROLE>), by
+    # variable; only their hashes are printed.
+    redis_passwords: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -172,6 +175,7 @@ class Settings:
             dashboard_user=r.get("CONTEXTLOG_DASHBOARD_USER", None, _name),
             dashboard_password=r.get("CONTEXTLOG_DASHBOARD_PASSWORD", None, _secret),
             **_api_settings(r),
+            redis_passwords=_redis_passwords(env),
         )
 
     def reader_options(self) -> dict[str, Any]:
@@ -211,6 +215,18 @@ def _api_settings(r: _Reader) -> dict[str, Any]:
         "webhook_attempts": r.get(
             "CONTEXTLOG_WEBHOOK_ATTEMPTS", DEFAULT_WEBHOOK_ATTEMPTS, _int_in(1, 20)
         ),
+    }
+
+
+REDIS_PASSWORD_PREFIX: Final = "CONTEXTLOG_REDIS_PASSWORD_"
+
+
+def _redis_passwords(env: Mapping[str, str]) -> dict[str, str]:
+    """The `CONTEXTLOG_REDIS_PASSWORD_*` variables that are set, checked as secrets."""
+    return {
+        name: _secret(name, raw.strip())
+        for name, raw in env.items()
+        if name.startswith(REDIS_PASSWORD_PREFIX) and raw.strip()
     }
 
 

@@ -26,6 +26,7 @@ from contextlog.schema.errors import ContextlogError, EventRejected, Unavailable
 from contextlog.worker.app import bootstrap, logs, metrics
 from contextlog.worker.app.clock import SystemClock
 from contextlog.worker.app.config import Settings
+from contextlog.worker.cli import acl as cli_acl
 from contextlog.worker.cli import answers
 from contextlog.worker.cli import api as cli_api
 from contextlog.worker.cli import common as cli_common
@@ -402,6 +403,7 @@ def parser() -> argparse.ArgumentParser:
     ret.add_argument("--restore", metavar="FILE", help="put an archive back, then rebuild")
     cli_sessions.add_parsers(sub)
     cli_api.add_parsers(sub)
+    cli_acl.add_parsers(sub)
     return p
 
 
@@ -417,6 +419,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "retire": cmd_retire,
     **cli_sessions.COMMANDS,
     **cli_api.COMMANDS,
+    **cli_acl.COMMANDS,
 }
 
 
