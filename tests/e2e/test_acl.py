@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import redis
 from rq import Queue
@@ -33,14 +34,21 @@ from contextlog.producers.notifications import Notifications
 from contextlog.schema import codec, keys
 from contextlog.schema import events as ev
 from contextlog.schema import notices as nt
-from contextlog.worker.app import acl
+from contextlog.worker.app import acl, bootstrap
 from contextlog.worker.ingest import deadletters
 from contextlog.worker.tasks.queue import SUMMARIES
 from tests.support import services
 from tests.support.api import api_process, make_key, receiver
 from tests.support.processes import ROOT, Process, offline_env
-from tests.support.running import eventually
-from tests.support.servers import RedisServer, ServerMissing, free_port, redis_server_binary
+from tests.support.running import eventually, running, settings_for
+from tests.support.servers import (
+    PostgresCluster,
+    RedisServer,
+    ServerMissing,
+    free_port,
+    redis_server_binary,
+    require_servers,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -449,3 +457,43 @@ def _users(client: redis.Redis) -> dict[str, tuple[list[str], list[list[str]]]]:
         _, name, *root = re.sub(r"\([^)]*\)", "", text).split()
         out[name] = (sorted(root), selectors)
     return out
+
+
+def test_an_adapters_postgres_role_reads_contexts_and_sessions_but_no_secret(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """`contextlog acl --postgres` on a private cluster (a role is cluster-wide): the
+    reader role an adapter gets reads what `ContextReader` reads, and none of the signing
+    key, API keys or webhook secrets."""
+    require_servers()
+    with PostgresCluster.start_new() as pg:
+        database_url = services.create_database(pg.url, "contextlog")
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(contextlog_acl(dict(os.environ), "--postgres").encode())
+        settings = settings_for(database_url, redis_url)
+        assert len(bootstrap.signing_key(settings).get()) == 32  # made, in contextlog_secrets
+        producer = Producer(redis.Redis.from_url(redis_url), shards=4)
+        reader = ContextReader.from_url(_as_reader(database_url))
+        try:
+            with running(settings):
+                content = [image(), {"type": "text", "text": "look"}]
+                seen = producer.post_message(A, C, "user", content, source="discord")
+                assert reader.context(A, C, wait_for=seen).messages[0]["content"][0] == image()
+                saved = producer.save(A, C, "pictures", source="discord")
+                reader.context(A, C, wait_for=saved)
+            (listed,) = reader.sessions(A).sessions
+            info, messages = reader.session_messages(listed.session_id, agent=A, channel=C)
+            assert info.description == "pictures" and len(messages) == 1
+            assert reader.segment(A, C).messages
+        finally:
+            producer.close()
+            reader.close()
+        with psycopg.connect(_as_reader(database_url), autocommit=True) as conn:
+            for table in ("contextlog_secrets", "api_keys", "webhooks", "webhook_deliveries"):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    conn.execute(f"SELECT * FROM {table}")
+
+
+def _as_reader(url: str) -> str:
+    """The URL as the role `contextlog acl --postgres` made (the cluster trusts loopback)."""
+    return url.replace("postgres@", "contextlog_reader@", 1)

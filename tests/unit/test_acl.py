@@ -47,26 +47,29 @@ def test_an_adapter_pushes_anywhere_and_reads_only_its_own_notifications() -> No
     assert push.keys == (f"%W~{acl.INBOUND}",)  # write only: it reads no stream
 
 
+# The keys each role's code names, a sample of each kind.
+INGEST_USES = [
+    keys.stream(0), keys.dead_letters(1), keys.stats(2), keys.lease(3), keys.epoch(0),
+    keys.inflight(1), keys.SHARDS_KEY, keys.MEMBERS, keys.RUNS, keys.outbox("x"),
+    keys.attachment(0, SHA), timer_key("a", "c"), bucket_key(9), compaction_claim("a", "c"),
+    RQ_QUEUE,
+]  # fmt: skip
+WORKER_USES = [
+    keys.stream(0), keys.SHARDS_KEY, keys.outbox("x"), heartbeat_key("contextlog-w"),
+    timer_key("a", "c"), bucket_key(9), compaction_claim("a", "c"), RQ_QUEUE,
+]  # fmt: skip
+API_USES = [
+    keys.stream(0), keys.attachment(0, SHA), keys.outbox("x"), keys.lease(0),
+    keys.LEGACY_DEAD_LETTERS, keys.LEGACY_STATS, heartbeat_key("w"), RQ_QUEUE,
+]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("role", "reached"),
     [
-        (
-            acl.INGEST,
-            [keys.stream(0), keys.dead_letters(1), keys.stats(2), keys.lease(3), keys.epoch(0)]
-            + [keys.inflight(1), keys.SHARDS_KEY, keys.MEMBERS, keys.RUNS, keys.outbox("x")]
-            + [keys.attachment(0, SHA), timer_key("a", "c"), bucket_key(9)]
-            + [compaction_claim("a", "c"), RQ_QUEUE],
-        ),
-        (
-            acl.WORKER,
-            [keys.stream(0), keys.SHARDS_KEY, keys.outbox("x"), heartbeat_key("contextlog-w")]
-            + [timer_key("a", "c"), bucket_key(9), compaction_claim("a", "c"), RQ_QUEUE],
-        ),
-        (
-            acl.API,
-            [keys.stream(0), keys.attachment(0, SHA), keys.outbox("x"), keys.lease(0)]
-            + [keys.LEGACY_DEAD_LETTERS, keys.LEGACY_STATS, heartbeat_key("w"), RQ_QUEUE],
-        ),
+        (acl.INGEST, INGEST_USES),
+        (acl.WORKER, WORKER_USES),
+        (acl.API, API_USES),
         (acl.DASHBOARD, [RQ_QUEUE, "rq:job:1", "rq:workers"]),
     ],
 )
@@ -96,7 +99,8 @@ def test_a_user_carries_the_hash_of_its_password_never_the_password() -> None:
 
 
 def test_without_a_password_the_user_is_off() -> None:
-    u = acl.user(acl.adapter("slack"), "contextlog-", (7, 2), {}.get)
+    none: dict[str, str] = {}
+    u = acl.user(acl.adapter("slack"), "contextlog-", (7, 2), none.get)
     assert u.rules[:2] == ("reset", "off") and not any(r.startswith(("#", ">")) for r in u.rules)
     assert "+client|setinfo" in u.rules  # 7.2 has it, and redis-py sends it
     assert acl.adapter("slack").password_var == "CONTEXTLOG_REDIS_PASSWORD_ADAPTER_SLACK"
@@ -179,3 +183,16 @@ def test_without_sources_it_says_no_adapter_is_printed(
     assert main(["acl"]) == 0
     out, err = capsys.readouterr()
     assert len(out.splitlines()) == 4 and "no adapter user" in err
+
+
+def test_postgres_prints_the_readers_role_without_the_secret_tables(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["acl", "--postgres"]) == 0
+    sql = capsys.readouterr().out
+    statements = "\n".join(line for line in sql.splitlines() if not line.startswith("--"))
+    assert "CREATE ROLE contextlog_reader LOGIN" in sql and "PASSWORD" not in statements
+    start = sql.index("GRANT SELECT")
+    grant = sql[start : sql.index("TO contextlog_reader;", start)]
+    assert "attachments" in grant and "contextlog_secrets" not in grant
+    assert "REVOKE ALL ON contextlog_secrets, api_keys, webhooks" in sql

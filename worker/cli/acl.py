@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from contextlog.schema.errors import ConfigError
+from contextlog.schema.queries import query
 from contextlog.worker.app import acl
 from contextlog.worker.app.config import Settings
 
@@ -16,7 +17,11 @@ FORMATS = ("setuser", "file")
 
 
 def cmd_acl(settings: Settings, args: argparse.Namespace) -> int:
-    """Print one line per user: `ACL SETUSER ...` or an ACL file's `user ...`."""
+    """Print one line per user: `ACL SETUSER ...` or an ACL file's `user ...`; with
+    --postgres, the SQL of the Postgres role of adapters' readers instead."""
+    if args.postgres:
+        print(query("reader_role") + ";")
+        return 0
     try:
         chosen = acl.roles(args.roles, args.source)
         users = acl.users(chosen, args.user_prefix, args.redis_version, settings.redis_passwords)
@@ -90,6 +95,12 @@ def add_parsers(sub: Any) -> None:
         metavar="X.Y",
         help="the Redis the rules are for (default 7.0; 7.2 or newer also allows "
         "CLIENT SETINFO, which redis-py sends on connect); older than 7.0 is refused",
+    )
+    p.add_argument(
+        "--postgres",
+        action="store_true",
+        help="print instead the SQL of contextlog_reader, a Postgres role for adapters' "
+        "readers without the signing key (e.g. `| psql \"$DATABASE_URL\"`)",
     )
 
 
