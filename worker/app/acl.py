@@ -9,12 +9,12 @@ checks that the happy path leaves `ACL LOG` empty), completed from the code path
 path does not reach (RQ's from its source).
 
 Per-role users need Redis 7.0 or newer: key permissions `%R~`/`%W~` and selectors came
-with 7.0.
+with 7.0. An adapter's user, for instance (`contextlog acl adapter --source discord`):
 
-    user contextlog-adapter-discord:  XADD to contextlog:in:{*} (write only), EVAL there
-        (its XADDs are checked again), SET attachments (write only), GET the shard
-        count, and its own contextlog:out:{discord} as a consumer group
-    user contextlog-ingest / -worker / -api / -dashboard: see `roles`
+    ACL SETUSER contextlog-adapter-discord reset on #<sha256> +ping +select +multi ...
+        (%W~contextlog:in:{*} +xadd) (~contextlog:in:{*} +eval)
+        (%W~contextlog:attachment:{*}:* +set) (%R~contextlog:shards +get)
+        (~contextlog:out:{discord} +xreadgroup +xack +xgroup|create +xpending ...)
 """
 
 from __future__ import annotations
@@ -70,8 +70,7 @@ RQ_COMMANDS: Final = (
     "xadd", "xread", "xrevrange", "xlen",
     "watch", "unwatch", "eval", "evalsha",
 )  # fmt: skip
-# A consumer group on a notification stream (producers.Notifications), plus XREAD and
-# XREVRANGE, with which `contextlog send --wait` waits for its answer.
+# A consumer group on a notification stream (producers.Notifications).
 CONSUMER: Final = ("xreadgroup", "xack", "xgroup|create", "xpending")
 # Loading scripts (redis-py's registered scripts: EVALSHA, SCRIPT LOAD when missing).
 SCRIPTS: Final = ("script|load", "script|exists")
@@ -141,7 +140,8 @@ def adapter(source: str) -> Role:
     the shard count and its own notifications."""
     check_source(source)
     own = Grant(
-        f"its own notifications ({source}) as a consumer group",
+        f"its own notifications ({source}) as a consumer group; XREAD and XREVRANGE: "
+        "`contextlog send --wait` waits for its answer so",
         (*CONSUMER, "xread", "xrevrange"),
         (f"~{keys.outbox(source)}",),  # literal: no pattern character passes check_source
     )
@@ -325,6 +325,6 @@ def users(
         if other != role.name:
             raise ValueError(
                 f"sources of {other} and {role.name} share {role.password_var}: "
-                "name them apart by more than case"
+                "name them apart by more than case or '-' against '_'"
             )
     return [user(r, prefix, version, passwords.get) for r in chosen]
