@@ -142,24 +142,30 @@ def _str(value: Any) -> str:
 
 
 @pytest.fixture
-def deployment(db: str, tmp_path: Path) -> Iterator[Deployment]:
+def acl_users(tmp_path: Path) -> Iterator[Deployment]:
+    """The private Redis with the printed users, no process yet (nor a database)."""
     redis7_or_skip()
     chosen = acl.roles([], SOURCES)
     secret = {r.name: secrets.token_hex(16) for r in chosen}
     variables = {r.password_var: secret[r.name] for r in chosen}
     aclfile = tmp_path / "users.acl"
     aclfile.write_text(contextlog_acl({**os.environ, **variables}, "--format", "file", *_sources()))
-    server = RedisServer(appendonly=False, extra=["--aclfile", str(aclfile)])
-    with server:
+    with RedisServer(appendonly=False, extra=["--aclfile", str(aclfile)]) as server:
         admin = redis.Redis(port=server.port, db=DB, socket_timeout=10)
         passwords = {f"contextlog-{name}": pw for name, pw in secret.items()}
-        d = Deployment(server, admin, db, tmp_path, variables, passwords)
-        try:
-            yield d
-        finally:
-            for p in d.started:
-                p.stop()
-            admin.close()
+        yield Deployment(server, admin, "", tmp_path, variables, passwords)
+        admin.close()
+
+
+@pytest.fixture
+def deployment(acl_users: Deployment, db: str) -> Iterator[Deployment]:
+    """The users, and the test's database for the processes it starts (stopped at the end)."""
+    acl_users.database_url = db
+    try:
+        yield acl_users
+    finally:
+        for p in acl_users.started:
+            p.stop()
 
 
 def _sources() -> list[str]:
@@ -428,13 +434,13 @@ def _refused(client: redis.Redis, entry: str) -> None:
 
 
 def test_the_setuser_form_through_redis_cli_makes_the_same_users(
-    deployment: Deployment,
+    acl_users: Deployment,
 ) -> None:
     """`contextlog acl | redis-cli` (README) gives the users the ACL file gave."""
     cli = shutil.which("redis-cli") or str(Path(redis_server_binary()).with_name("redis-cli"))
     if not os.access(cli, os.X_OK):
         services.unavailable("redis-cli", "install redis-tools")
-    lines = contextlog_acl({**os.environ, **deployment.variables}, *_sources())
+    lines = contextlog_acl({**os.environ, **acl_users.variables}, *_sources())
     with RedisServer(appendonly=False) as other:
         done = subprocess.run(
             [cli, "-p", str(other.port)], input=lines, capture_output=True, text=True, timeout=30
@@ -443,7 +449,7 @@ def test_the_setuser_form_through_redis_cli_makes_the_same_users(
         theirs = redis.Redis.from_url(other.url)
         made = _users(theirs)
         theirs.close()
-    assert made == _users(deployment.admin)
+    assert made == _users(acl_users.admin)
     assert len(made) == len(SOURCES) + 4 + 1  # the roles, and the default user
 
 
@@ -497,3 +503,81 @@ def test_an_adapters_postgres_role_reads_contexts_and_sessions_but_no_secret(
 def _as_reader(url: str) -> str:
     """The URL as the role `contextlog acl --postgres` made (the cluster trusts loopback)."""
     return url.replace("postgres@", "contextlog_reader@", 1)
+
+
+# Paths the day above does not reach (crash recovery, a worker's takeover, rq's rarer
+# commands, the API's status on a lagging shard), from the code; then what each role may
+# not do. ACL DRYRUN asks Redis itself whether the user may, without running anything.
+MAY: dict[str, list[str]] = {
+    "ingest": [
+        "XCLAIM contextlog:in:{0} ingest ingest-2 0 1-0",
+        "XGROUP DELCONSUMER contextlog:in:{0} ingest ingest-2",
+        "XRANGE contextlog:in:{0} 1-0 1-0 COUNT 1",
+        "XPENDING contextlog:in:{0} ingest - + 100 ingest-2",
+        "SET contextlog:inflight:{0} 1-0",
+        "DEL contextlog:inflight:{0}",
+        "ZRANGEBYSCORE contextlog:ingest:runs 0 +inf",
+    ],
+    "worker": [
+        "PEXPIRE contextlog:idle:{ab} 1000",
+        "EXPIRE contextlog:compacting:{ab} 10",
+        "HGETALL contextlog:worker:{contextlog-w}:sweep",
+        "TTL rq:worker:contextlog-w",
+        "LPOS rq:queue:summaries job",
+        "ZPOPMIN rq:scheduled:idle",
+        "SUBSCRIBE rq:pubsub:contextlog-w",
+    ],
+    "api": [
+        "XINFO STREAM contextlog:in:{0}",
+        "XRANGE contextlog:in:{0} (1-0 + COUNT 100",
+        "XPENDING contextlog:in:{0} ingest",
+        "XPENDING contextlog:out:{slack} api:beta:adapter - 1-0 100 http",
+    ],
+    "dashboard": ["RENAME rq:queue:summaries rq:queue:summaries:tmp", "LPOP rq:queue:summaries"],
+    "adapter-discord": [
+        "XREVRANGE contextlog:out:{discord} + - COUNT 1",
+        "XREAD COUNT 1 STREAMS contextlog:out:{discord} 0",
+        "XPENDING contextlog:out:{discord} adapter - 1-0 100 bot",
+    ],
+}
+MAY_NOT: dict[str, list[str]] = {
+    "ingest": ["HSET contextlog:worker:{w}:sweep beat 1", "PUBLISH rq:pubsub:w x"],
+    "worker": [
+        "XRANGE contextlog:in:{0} - +",
+        "XACK contextlog:in:{0} ingest 1-0",
+        "GET contextlog:lease:{0}",
+        "XRANGE contextlog:dead:{0} - +",
+        "CLIENT KILL ID 1",
+    ],
+    "api": [
+        "XACK contextlog:in:{0} ingest 1-0",
+        "XREADGROUP GROUP ingest api STREAMS contextlog:in:{0} >",
+        "XTRIM contextlog:in:{0} MAXLEN 0",
+        "DEL contextlog:in:{0}",
+        "SET contextlog:lease:{0} api",
+        "HINCRBY contextlog:stats:{0} dead:forged 1",
+    ],
+    "dashboard": [
+        "GET contextlog:shards",
+        "XRANGE contextlog:out:{slack} - +",
+        "PUBLISH rq:pubsub:contextlog-w shutdown",
+    ],
+    "adapter-discord": [
+        "XREAD COUNT 1 STREAMS contextlog:out:{slack} 0",
+        "XADD contextlog:out:{discord} * n {}",
+        "SCAN 0",
+        "INFO",
+        "XADD contextlog:dead:{0} * reason x",
+    ],
+}
+
+
+@pytest.mark.parametrize("role", sorted(MAY))
+def test_paths_the_day_misses_are_allowed_and_the_rest_is_refused(
+    acl_users: Deployment, role: str
+) -> None:
+    user = f"contextlog-{role}"
+    asked = {cmd: _str(acl_users.admin.acl_dryrun(user, *cmd.split())) for cmd in MAY[role]}
+    assert {c: r for c, r in asked.items() if r != "OK"} == {}
+    refused = {cmd: _str(acl_users.admin.acl_dryrun(user, *cmd.split())) for cmd in MAY_NOT[role]}
+    assert {c: r for c, r in refused.items() if "no permissions" not in r} == {}
