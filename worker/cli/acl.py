@@ -100,7 +100,7 @@ def add_parsers(sub: Any) -> None:
         "--postgres",
         action="store_true",
         help="print instead the SQL of contextlog_reader, a Postgres role for adapters' "
-        "readers without the signing key (e.g. `| psql \"$DATABASE_URL\"`)",
+        'readers without the signing key (e.g. `| psql "$DATABASE_URL"`)',
     )
 
 
