@@ -215,9 +215,9 @@ def test_reads_without_bytes_do_not_load_them(
 ) -> None:
     """History, session listings, counts and the summary's input never read the bytes:
     no query but the attachment ones names the table, and session messages (what the
-    summarizer reads) hold the reference."""
+    summarizer reads) hold the reference (`reader_role` only grants the table to readers)."""
     users = {n for n, q in queries().items() if "attachments" in q}
-    assert users == {"attachments_stored", "insert_attachment", "attachment_data"}
+    assert users == {"attachments_stored", "insert_attachment", "attachment_data", "reader_role"}
     producer.post_message(A, "h", "user", [image(blob(2000, 9))])
     save = producer.save(A, "h")
     with running(settings):

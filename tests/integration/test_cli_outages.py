@@ -62,6 +62,7 @@ COMMANDS: dict[str, tuple[list[str], tuple[str, ...]]] = {
 ELSEWHERE = {
     "dashboard": "serves pages; Redis is asked only when a page is opened, and rq-dashboard "
     "answers an outage with its own page (tests/e2e/test_dashboard.py starts it)",
+    "acl": "prints the ACL rules of each role and reaches no server",
 }
 
 

@@ -117,6 +117,9 @@ class Settings:
     stop_grace: float = DEFAULT_STOP_GRACE
     # The operator accepts that a Redis that may evict keys loses events (memory.py).
     accept_eviction: bool = False
+    # `contextlog acl`: each Redis user's password (CONTEXTLOG_REDIS_PASSWORD_<ROLE>), by
+    # variable; only their hashes are printed.
+    redis_passwords: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -181,6 +184,7 @@ class Settings:
             **_api_settings(r),
             stop_grace=r.get("CONTEXTLOG_STOP_GRACE", DEFAULT_STOP_GRACE, _float_in(0.5, 3600)),
             accept_eviction=r.get(ACCEPT_EVICTION_VAR, False, _flag),
+            redis_passwords=_redis_passwords(env),
         )
 
     def reader_options(self) -> dict[str, Any]:
@@ -220,6 +224,18 @@ def _api_settings(r: _Reader) -> dict[str, Any]:
         "webhook_attempts": r.get(
             "CONTEXTLOG_WEBHOOK_ATTEMPTS", DEFAULT_WEBHOOK_ATTEMPTS, _int_in(1, 20)
         ),
+    }
+
+
+REDIS_PASSWORD_PREFIX: Final = "CONTEXTLOG_REDIS_PASSWORD_"
+
+
+def _redis_passwords(env: Mapping[str, str]) -> dict[str, str]:
+    """The `CONTEXTLOG_REDIS_PASSWORD_*` variables that are set, checked as secrets."""
+    return {
+        name: _secret(name, raw.strip())
+        for name, raw in env.items()
+        if name.startswith(REDIS_PASSWORD_PREFIX) and raw.strip()
     }
 
 

@@ -138,22 +138,22 @@ def add_parsers(sub: Any) -> None:
     )
     c.add_argument("--name", default="", help="what the key is for")
     ls = actions.add_parser("list", help="every key, revoked ones too")
-    ls.add_argument("--json", action="store_true", help="print JSON, one object per key")
+    cli_common.add_json(ls)
     r = actions.add_parser("revoke", help="revoke a key for good")
-    r.add_argument("key_id", help="the key's id (as `keys list` shows it)")
+    r.add_argument("key_id", help="the key's id (`contextlog keys list`)")
     w = sub.add_parser("webhooks", help="list webhooks and deliveries; replay a delivery")
     wa = w.add_subparsers(dest="action", required=True)
     wl = wa.add_parser("list", help="registered webhooks")
-    wl.add_argument("--json", action="store_true", help="print JSON")
+    cli_common.add_json(wl)
     d = wa.add_parser("deliveries", help="deliveries, newest first")
     d.add_argument("--webhook", help="of one webhook")
     d.add_argument(
-        "--status", choices=("pending", "delivered", "failed"), help="only deliveries in this state"
+        "--status", choices=("pending", "delivered", "failed"), help="only those in this state"
     )
     d.add_argument("--limit", type=positive, default=50, help="how many, newest first (50)")
-    d.add_argument("--json", action="store_true", help="print JSON")
+    cli_common.add_json(d)
     rp = wa.add_parser("replay", help="send a delivery again (same webhook-id)")
-    rp.add_argument("delivery_id", help="the delivery's id (as `webhooks deliveries` shows it)")
+    rp.add_argument("delivery_id", help="the delivery's id (`contextlog webhooks deliveries`)")
 
 
 COMMANDS = {"api": cmd_api, "keys": cmd_keys, "webhooks": cmd_webhooks}

@@ -25,6 +25,7 @@ from contextlog.worker.app import bootstrap, logs, metrics
 from contextlog.worker.app.clock import SystemClock
 from contextlog.worker.app.config import Settings
 from contextlog.worker.app.signals import Stopper
+from contextlog.worker.cli import acl as cli_acl
 from contextlog.worker.cli import answers
 from contextlog.worker.cli import api as cli_api
 from contextlog.worker.cli import common as cli_common
@@ -406,6 +407,7 @@ def parser() -> argparse.ArgumentParser:
     ret.add_argument("--restore", metavar="FILE", help="put an archive back, then rebuild")
     cli_sessions.add_parsers(sub)
     cli_api.add_parsers(sub)
+    cli_acl.add_parsers(sub)
     return p
 
 
@@ -421,6 +423,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "retire": cmd_retire,
     **cli_sessions.COMMANDS,
     **cli_api.COMMANDS,
+    **cli_acl.COMMANDS,
 }
 
 
