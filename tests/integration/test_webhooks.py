@@ -17,6 +17,7 @@ from contextlog.worker.app.clock import SystemClock
 from contextlog.worker.cli import main as cli
 from contextlog.worker.effects import webhooks as wh
 from contextlog.worker.tasks import webhooks as hooks
+from contextlog.worker.tasks.resources import Resources
 from contextlog.worker.tasks.summarize import LocalSummarizer
 from contextlog.worker.tasks.timers import Timers
 from tests.support.api import Api, make_key, receiver, serving
@@ -32,7 +33,7 @@ def api(db: str, redis_url: str, rds: redis.Redis) -> Iterator[Api]:
     )
     reader = ContextReader.from_url(db)
     producer = Producer(redis.Redis.from_url(redis_url), shards=4)
-    resources = bootstrap.Resources(
+    resources = Resources(
         settings, reader, producer, LocalSummarizer(), SystemClock(), Timers(rds)
     )
     bootstrap.install(resources)

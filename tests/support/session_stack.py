@@ -20,6 +20,7 @@ from contextlog.worker.app.clock import SystemClock
 from contextlog.worker.app.config import Settings
 from contextlog.worker.tasks.compaction import ApiCompactor
 from contextlog.worker.tasks.queue import SUMMARIES
+from contextlog.worker.tasks.resources import Resources
 from contextlog.worker.tasks.summarize import AnthropicSummarizer, Summarizer
 from contextlog.worker.tasks.timers import Timers
 from tests.support.anthropic_rules import check_messages
@@ -45,7 +46,7 @@ class Stack:
 
     def use(self, summarizer: Summarizer, compactor: ApiCompactor | None = None) -> None:
         bootstrap.install(
-            bootstrap.Resources(
+            Resources(
                 self.settings,
                 self.reader,
                 self.worker,

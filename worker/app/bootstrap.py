@@ -6,11 +6,9 @@ Nothing connects at import time; every process (and every forked child) calls th
 from __future__ import annotations
 
 import gc
-import os
 import secrets
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -41,7 +39,9 @@ from contextlog.worker.store.eventlog import (
     bound_waits,
 )
 from contextlog.worker.tasks import idle
+from contextlog.worker.tasks import resources as resources_
 from contextlog.worker.tasks.queue import SUMMARIES, Jobs
+from contextlog.worker.tasks.resources import Resources
 from contextlog.worker.tasks.rqworker import ContextlogWorker
 from contextlog.worker.tasks.sweeper import Heartbeat, Loop
 from contextlog.worker.tasks.timers import IDLE, Timers
@@ -149,19 +149,6 @@ def open_event_log(
     return open_log
 
 
-@dataclass
-class Resources:
-    """What jobs use: built once per worker process (after any fork)."""
-
-    settings: Settings
-    reader: ContextReader
-    producer: Producer
-    summarizer: Summarizer
-    clock: Clock
-    timers: Timers
-    compactor: ApiCompactor | None = None  # the API's compaction (with an API key)
-
-
 def summarizer(settings: Settings) -> Summarizer:
     """The Anthropic summarizer when ANTHROPIC_API_KEY is set, the local one otherwise."""
     return api_tools(settings)[0]
@@ -233,18 +220,15 @@ def build_resources(settings: Settings, clock: Clock | None = None) -> Resources
     )
 
 
-_resources: dict[int, Resources] = {}  # by pid: a forked child builds its own
-
-
 def install(res: Resources) -> None:
-    """Make `res` what this process's jobs use (`contextlog worker` and tests)."""
-    _resources.clear()
-    _resources[os.getpid()] = res
+    """Make `res` what this process's jobs use (`tasks.resources`)."""
+    resources_.install(res)
 
 
 def resources() -> Resources:
-    """This process's job resources, built from the environment on first use."""
-    res = _resources.get(os.getpid())
+    """This process's job resources: the installed ones, else built from the environment
+    and installed (tests, scripts)."""
+    res = resources_.installed()
     if res is None:
         res = build_resources(Settings.from_env())
         install(res)

@@ -28,7 +28,7 @@ from contextlog.worker.tasks.timers import PART, Conversation, Timers
 
 if TYPE_CHECKING:
     from contextlog.producers.reader import ContextReader
-    from contextlog.worker.app.bootstrap import Resources
+    from contextlog.worker.tasks.resources import Resources
 
 log = structlog.get_logger("contextlog.idle")
 

@@ -1,11 +1,11 @@
 """RQ jobs on the `summaries` queue: session summaries and context compaction (queued by
 tasks/queue.py).
 
-Job functions are thin: they take the process's resources (built once by
-`bootstrap.resources`) and call the core below, which tests call with fakes. A job's
-result is an event pushed onto the conversation's shard stream, so ingest stays the
-only writer of the log; its event id is derived from what it is about, so a job that
-runs twice (a redelivery, a second enqueue) stores its result once.
+Job functions are thin: they take the process's resources (built once by the
+composition root, `tasks.resources.current`) and call the core below, which tests call
+with fakes. A job's result is an event pushed onto the conversation's shard stream, so
+ingest stays the only writer of the log; its event id is derived from what it is about,
+so a job that runs twice (a redelivery, a second enqueue) stores its result once.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from contextlog.schema.queries import query
 from contextlog.worker.app import metrics
 from contextlog.worker.tasks import compaction, idle
 from contextlog.worker.tasks.queue import JOB_SOURCE, SETTLE_S, compaction_claim
+from contextlog.worker.tasks.resources import current
 
 if TYPE_CHECKING:
-    from contextlog.worker.app.bootstrap import Resources
+    from contextlog.worker.tasks.resources import Resources
     from contextlog.worker.tasks.summarize import Summary
 
 log = structlog.get_logger("contextlog.jobs")
@@ -160,39 +161,29 @@ def _compact(res: Resources, agent: str, channel: str) -> str:
 
 def summarize_session(agent: str, channel: str, session_id: str) -> str:
     """RQ job: the summary of one saved session."""
-    from contextlog.worker.app.bootstrap import resources
-
-    return run_summary(resources(), agent, channel, session_id)
+    return run_summary(current(), agent, channel, session_id)
 
 
 def compact_conversation(agent: str, channel: str) -> str:
     """RQ job: compact the conversation's threads that passed 75% of their budget."""
-    from contextlog.worker.app.bootstrap import resources
-
-    return run_compaction(resources(), agent, channel)
+    return run_compaction(current(), agent, channel)
 
 
 def idle_due(bucket: str) -> str:
     """RQ job on `idle`: the second of a bucket of idle deadlines came."""
-    from contextlog.worker.app.bootstrap import resources
-
-    return idle.run_bucket(resources(), bucket, _current_job_id())
+    return idle.run_bucket(current(), bucket, _current_job_id())
 
 
 def idle_part(convs: list[tuple[str, str]]) -> str:
     """RQ job on `idle`: a part of a bucket too large for one job."""
-    from contextlog.worker.app.bootstrap import resources
-
-    done = idle.run_checks(resources(), [(a, c) for a, c in convs], _current_job_id())
+    done = idle.run_checks(current(), [(a, c) for a, c in convs], _current_job_id())
     return f"checked {len(done)}"
 
 
 def idle_check(agent: str, channel: str) -> str:
     """RQ job on `idle` as versions before buckets scheduled it (one per conversation);
     kept so that jobs scheduled before an upgrade still run."""
-    from contextlog.worker.app.bootstrap import resources
-
-    return idle.run_checks(resources(), [(agent, channel)], _current_job_id())[(agent, channel)]
+    return idle.run_checks(current(), [(agent, channel)], _current_job_id())[(agent, channel)]
 
 
 def _current_job_id() -> str:

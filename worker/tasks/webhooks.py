@@ -35,6 +35,7 @@ from contextlog.producers.notifications import Notifications
 from contextlog.schema.notices import Notice
 from contextlog.schema.queries import query
 from contextlog.worker.effects import webhooks as wh
+from contextlog.worker.tasks import resources
 
 log = structlog.get_logger("contextlog.webhooks")
 
@@ -365,9 +366,7 @@ def policy_of(settings: Any) -> Policy:
 
 def deliver_webhook(delivery_id: str) -> str:
     """RQ job on `webhooks`: one attempt of one delivery; raises to be retried."""
-    from contextlog.worker.app.bootstrap import resources
-
-    res = resources()
+    res = resources.current()
     with res.reader.connection() as conn:
         status = attempt(conn, delivery_id, policy_of(res.settings), res.clock.now())
     if status in ("pending", "failed"):
