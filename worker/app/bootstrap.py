@@ -9,7 +9,8 @@ import gc
 import secrets
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
 
 import psycopg
 import redis
@@ -63,12 +64,29 @@ if TYPE_CHECKING:
     from contextlog.worker.tasks.summarize import Summarizer
 
 
-def redis_client(settings: Settings) -> SyncClient:
+@dataclass(frozen=True)
+class Waits:
+    """How long a client waits to connect and for an answer (None: the default of the
+    process that uses it). Long-running processes ride outages out; a CLI command fails
+    fast (`FAIL_FAST`)."""
+
+    connect_s: float | None = None
+    answer_s: float | None = None
+
+
+LONG_RUNNING: Final = Waits()  # ingest, the worker, the API: each client's own defaults
+FAIL_FAST: Final = Waits(connect_s=2, answer_s=2)  # a command: one line within seconds
+
+
+def redis_client(settings: Settings, waits: Waits = LONG_RUNNING) -> SyncClient:
     """A client for `REDIS_URL`: the streams, leases, dead letters and notifications
     (a Redis, its database number honoured, or a Redis Cluster). A command waits at most
     `redis_answer_s` for its answer, well inside a lease (`liveness`: keepalives too)."""
-    timeout = redis_answer_s(settings)
-    return connection.connect(settings.redis_url, socket_timeout=timeout, health_check_interval=15)
+    answer = redis_answer_s(settings) if waits.answer_s is None else waits.answer_s
+    connect = {} if waits.connect_s is None else {"socket_connect_timeout": waits.connect_s}
+    return connection.connect(
+        settings.redis_url, socket_timeout=answer, health_check_interval=15, **connect
+    )
 
 
 REDIS_ANSWER_MAX_S = 5.0
@@ -83,22 +101,27 @@ def redis_answer_s(settings: Settings) -> float:
     return settings.block_ms / 1000 + spare
 
 
-def queue_client(settings: Settings) -> redis.Redis:
+QUEUE_ANSWER_S: Final = 30.0  # RQ's dequeue blocks for 15 s (worker_ttl - 15)
+
+
+def queue_client(settings: Settings, waits: Waits = LONG_RUNNING) -> redis.Redis:
     """A Redis client for `CONTEXTLOG_QUEUE_REDIS_URL` (default: REDIS_URL): RQ's queues
-    and scheduler, idle timers, compaction claims, worker heartbeats. 30 s for an answer:
-    RQ's dequeue blocks for 15 s (worker_ttl - 15)."""
+    and scheduler, idle timers, compaction claims, worker heartbeats."""
+    answer = QUEUE_ANSWER_S if waits.answer_s is None else waits.answer_s
+    connect = {} if waits.connect_s is None else {"socket_connect_timeout": waits.connect_s}
+    url = settings.queue_redis_url
     return redis.Redis.from_url(
-        settings.queue_redis_url,
-        **connection.options(settings.queue_redis_url, socket_timeout=30, health_check_interval=15),
+        url, **connection.options(url, socket_timeout=answer, health_check_interval=15, **connect)
     )
 
 
-def pg_connector(settings: Settings) -> Callable[[], PgConn]:
+def pg_connector(settings: Settings, waits: Waits = LONG_RUNNING) -> Callable[[], PgConn]:
     """A function opening a fresh Postgres connection for `DATABASE_URL`, with keepalives
     and a connect timeout (`liveness.postgres_options`)."""
+    connect_s = {} if waits.connect_s is None else {"connect_timeout": waits.connect_s}
 
     def connect() -> PgConn:
-        options = postgres_options(settings.database_url)
+        options = postgres_options(settings.database_url, **connect_s)
         return psycopg.connect(settings.database_url, application_name="contextlog", **options)
 
     return connect

@@ -11,23 +11,22 @@ import redis
 from psycopg.rows import TupleRow
 from rich.console import Console
 
-from contextlog.producers import ContextReader, Producer, connection
+from contextlog.producers import ContextReader, Producer
 from contextlog.producers.connection import SyncClient
-from contextlog.producers.liveness import postgres_options
 from contextlog.schema.errors import Unavailable
+from contextlog.worker.app import bootstrap
 from contextlog.worker.app.config import Settings
 from contextlog.worker.store.migrations import migrate
 
 EXIT_UNHEALTHY: Final = 1
 EXIT_ERROR: Final = 2  # bad input, bad configuration, a refused request
 EXIT_UNAVAILABLE: Final = 3  # Postgres or Redis cannot be reached
-# libpq's smallest connect_timeout. A command run by hand (or by a health check) should
-# say a server is down in a moment, not after the pool's 10 s wait.
-CONNECT_TIMEOUT_S: Final = 2
-# How long a command waits for one Redis reply: a Redis that takes connections but never
-# answers (a stalled host, a full disk under AOF fsync) fails the command in ~2 s too. No
-# command of the CLI blocks longer in Redis (`notifications --follow` reads with 1 s).
-REPLY_TIMEOUT_S: Final = 2
+# A command run by hand (or by a health check) says a server is down in a moment, not
+# after the pool's 10 s wait: it connects with libpq's smallest connect_timeout (2 s), and
+# a Redis that takes connections but never answers (a stalled host, a full disk under AOF
+# fsync) fails it in ~2 s too. No command of the CLI blocks longer in Redis
+# (`notifications --follow` reads with 1 s). The clients are the composition root's.
+WAITS: Final = bootstrap.FAIL_FAST
 
 # Markup, emoji codes and highlighting off: names, messages and dead letters are user
 # data and must print as they are ("[/x]" once crashed `dead-letters`). Styles are given
@@ -105,25 +104,13 @@ def _whole(text: str, least: int) -> int:
 
 
 def redis_client(settings: Settings) -> SyncClient:
-    """A client for `REDIS_URL` (a Redis or a Redis Cluster) that gives up connecting, or
-    waiting for a reply, after a couple of seconds."""
-    return connection.connect(
-        settings.redis_url,
-        socket_connect_timeout=CONNECT_TIMEOUT_S,
-        socket_timeout=REPLY_TIMEOUT_S,
-    )  # keepalives: `connection.options`
+    """A client for `REDIS_URL` (a Redis or a Redis Cluster) that fails fast (`WAITS`)."""
+    return bootstrap.redis_client(settings, WAITS)
 
 
 def queue_client(settings: Settings) -> redis.Redis:
     """A client for the queue Redis (`CONTEXTLOG_QUEUE_REDIS_URL`, default REDIS_URL)."""
-    return redis.Redis.from_url(
-        settings.queue_redis_url,
-        **connection.options(
-            settings.queue_redis_url,
-            socket_connect_timeout=CONNECT_TIMEOUT_S,
-            socket_timeout=REPLY_TIMEOUT_S,
-        ),
-    )
+    return bootstrap.queue_client(settings, WAITS)
 
 
 def producer(settings: Settings) -> Producer:
@@ -136,8 +123,7 @@ def producer(settings: Settings) -> Producer:
 def pg_connect(settings: Settings) -> psycopg.Connection[TupleRow]:
     """A Postgres connection for `DATABASE_URL`; an unreachable server is `Unavailable`."""
     try:
-        options = postgres_options(settings.database_url, connect_timeout=CONNECT_TIMEOUT_S)
-        return psycopg.connect(settings.database_url, application_name="contextlog", **options)
+        return bootstrap.pg_connector(settings, WAITS)()
     except psycopg.OperationalError as e:
         raise Unavailable(f"cannot reach Postgres (DATABASE_URL): {one_line(e)}") from e
 
