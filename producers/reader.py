@@ -50,7 +50,7 @@ from contextlog.producers.replica import (
 from contextlog.producers.tails import CONTENT, NO_HINT, SEQ, STATE_SEQ, Row, Tail, Tails
 from contextlog.schema import codec
 from contextlog.schema.defaults import ConversationDefaults
-from contextlog.schema.errors import NotVisible, Unavailable
+from contextlog.schema.errors import NotVisible, Unavailable, one_line
 from contextlog.schema.queries import query
 
 T = TypeVar("T")
@@ -177,7 +177,7 @@ class _Lost(Unavailable):
 
 
 def _lost(error: BaseException) -> Unavailable:
-    return _Lost(f"Postgres: {' '.join(str(error).split())}")
+    return _Lost(f"Postgres: {one_line(error)}")
 
 
 R = TypeVar("R")

@@ -31,7 +31,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from contextlog.schema.defaults import REPLICA_MAX_LAG, REPLICA_WAIT
-from contextlog.schema.errors import ConfigError
+from contextlog.schema.errors import ConfigError, one_line
 from contextlog.schema.queries import query
 
 MAX_LAG: Final = REPLICA_MAX_LAG  # seconds a replica may be behind (no wait_for)
@@ -180,11 +180,6 @@ def _standby(row: tuple[Any, ...] | None) -> tuple[bool, Any]:
     if row is None or not row[0]:
         raise NotStandby("the replica URL names a server that is not a standby")
     return row[0], row[1]
-
-
-def one_line(e: BaseException) -> str:
-    """An exception's message on one line (psycopg's span several)."""
-    return " ".join(str(e).split()) or type(e).__name__
 
 
 class Replica(_Base):

@@ -91,3 +91,10 @@ class Refused(ContextlogError):
 class ModelFailed(ContextlogError):
     """Raised when the Anthropic API gives no reply (unreachable, timed out, rate limited,
     an error status or an unreadable answer); the message says which, on one line."""
+
+
+def one_line(error: BaseException | str) -> str:
+    """An error's message on one line (libpq's span several, with tabs); an exception
+    without a message is named by its class."""
+    text = " ".join(str(error).split())
+    return text or (type(error).__name__ if isinstance(error, BaseException) else "")

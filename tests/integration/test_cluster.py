@@ -21,7 +21,7 @@ from contextlog.schema import events as ev
 from contextlog.schema import keys
 from contextlog.worker.app.clock import SystemClock
 from contextlog.worker.app.config import Settings
-from contextlog.worker.cli.status import gather
+from contextlog.worker.app.status import gather
 from contextlog.worker.ingest import deadletters
 from tests.support.cluster import RedisCluster3
 from tests.support.running import count_events, eventually, running, settings_for, stored_ids

@@ -149,7 +149,7 @@ def test_ingest_rides_out_a_redis_outage(db: str, redis_url: str) -> None:
 
 def test_status_reports_lag_dead_letters_and_stored(db: str, redis_url: str, rds: Any) -> None:
     from contextlog.worker.app.clock import SystemClock
-    from contextlog.worker.cli.status import gather
+    from contextlog.worker.app.status import gather
 
     producer = Producer.from_url(redis_url, shards=4)
     settings = settings_for(db, redis_url)
@@ -176,7 +176,7 @@ def test_status_says_ingest_is_stuck_when_it_holds_a_shard_and_commits_nothing(
 ) -> None:
     """An ingest that holds shard leases while its entries wait and it commits nothing (a
     hung Postgres, a full disk): `status` was healthy, since the leases were held."""
-    from contextlog.worker.cli.status import STUCK_S, gather
+    from contextlog.worker.app.status import STUCK_S, gather
 
     producer = Producer.from_url(redis_url, shards=4)
     with running(settings_for(db, redis_url)):

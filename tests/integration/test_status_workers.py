@@ -9,7 +9,7 @@ from typing import Any
 import fakeredis
 
 from contextlog.schema import keys
-from contextlog.worker.cli import status
+from contextlog.worker.app import status
 from contextlog.worker.tasks.sweeper import heartbeat_key
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

@@ -8,8 +8,7 @@ import pytest
 import redis
 
 from contextlog.schema.errors import ConfigError
-from contextlog.worker.app import memory
-from contextlog.worker.cli import status
+from contextlog.worker.app import memory, status
 
 MIB = 1 << 20
 

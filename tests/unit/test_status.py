@@ -7,8 +7,8 @@ from typing import Any
 import fakeredis
 
 from contextlog.schema import keys
-from contextlog.worker.cli import status
-from contextlog.worker.cli.status import ShardStatus
+from contextlog.worker.app import status
+from contextlog.worker.app.status import ShardStatus
 from contextlog.worker.ingest.streams import Streams
 
 

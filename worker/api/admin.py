@@ -16,7 +16,7 @@ from contextlog.worker.api import models as m
 from contextlog.worker.api.app import JSON, Call
 from contextlog.worker.api.keys import ApiKey
 from contextlog.worker.api.problems import ApiError
-from contextlog.worker.cli.status import Status, gather
+from contextlog.worker.app.status import Status, gather
 from contextlog.worker.effects import webhooks as wh
 from contextlog.worker.tasks import webhooks as hooks
 

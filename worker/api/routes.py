@@ -13,7 +13,7 @@ from contextlog.worker.api import admin, conversations, notifications, sessions
 from contextlog.worker.api import models as m
 from contextlog.worker.api.app import JSON, Call
 from contextlog.worker.api.spec import Endpoint, document, dumps
-from contextlog.worker.cli.status import Status
+from contextlog.worker.app.status import Status
 from contextlog.worker.store.archive import ExportedSession
 
 CONV: Final = "/v1/agents/{agent}/channels/{channel}"

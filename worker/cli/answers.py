@@ -13,8 +13,8 @@ from typing import Any, Final
 
 from contextlog.schema import keys
 from contextlog.schema import notices as nt
-from contextlog.schema.errors import EventRejected
-from contextlog.worker.cli.common import EXIT_ERROR, one_line
+from contextlog.schema.errors import EventRejected, one_line
+from contextlog.worker.cli.common import EXIT_ERROR
 
 BLOCK_MS: Final = 500  # one read's wait: below the CLI's 2 s reply timeout
 START: Final = "0-0"

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from contextlog.producers import ContextReader, Producer
 from contextlog.producers.connection import SyncClient
-from contextlog.schema.errors import Unavailable
+from contextlog.schema.errors import Unavailable, one_line
 from contextlog.worker.app import bootstrap
 from contextlog.worker.app.config import Settings
 from contextlog.worker.store.migrations import migrate
@@ -32,11 +32,6 @@ WAITS: Final = bootstrap.FAIL_FAST
 # data and must print as they are ("[/x]" once crashed `dead-letters`). Styles are given
 # with `rich.text.Text`, never as markup inside strings.
 console = Console(markup=False, emoji=False, highlight=False)
-
-
-def one_line(error: BaseException | str) -> str:
-    """A driver's message on one line (libpq's span several, with tabs)."""
-    return " ".join(str(error).split())
 
 
 class Parser(argparse.ArgumentParser):

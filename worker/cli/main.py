@@ -20,11 +20,12 @@ from rich.text import Text
 
 from contextlog.producers.commands import parse_duration
 from contextlog.schema import codec, keys
-from contextlog.schema.errors import ContextlogError, EventRejected, Unavailable
+from contextlog.schema.errors import ContextlogError, EventRejected, Unavailable, one_line
 from contextlog.worker.app import bootstrap, logs, metrics
 from contextlog.worker.app.clock import SystemClock
 from contextlog.worker.app.config import Settings
 from contextlog.worker.app.signals import Stopper
+from contextlog.worker.app.status import Status, gather
 from contextlog.worker.cli import acl as cli_acl
 from contextlog.worker.cli import answers
 from contextlog.worker.cli import api as cli_api
@@ -37,11 +38,9 @@ from contextlog.worker.cli.common import (
     Parser,
     console,
     non_negative,
-    one_line,
     positive,
 )
 from contextlog.worker.cli.sessions import add_metrics_options
-from contextlog.worker.cli.status import Status, gather
 from contextlog.worker.ingest import deadletters
 from contextlog.worker.store import retention
 from contextlog.worker.store.migrations import migrate

@@ -22,7 +22,7 @@ from contextlog.producers.commands import parse_duration
 from contextlog.producers.context import Context
 from contextlog.producers.notifications import Notifications
 from contextlog.schema.defaults import ConversationDefaults
-from contextlog.schema.errors import ContextlogError, ModelFailed
+from contextlog.schema.errors import ContextlogError, ModelFailed, one_line
 from contextlog.schema.notices import Notice
 from contextlog.schema.queries import query
 from contextlog.worker.app.config import Settings
@@ -92,15 +92,15 @@ def api_failure(error: anthropic.AnthropicError) -> str:
     if isinstance(error, anthropic.APITimeoutError):
         return "the Anthropic API did not answer in time (CONTEXTLOG_SUMMARY_TIMEOUT)"
     if isinstance(error, anthropic.APIConnectionError):
-        return f"cannot reach the Anthropic API: {cli_common.one_line(error)}"
+        return f"cannot reach the Anthropic API: {one_line(error)}"
     if isinstance(error, anthropic.RateLimitError):
         return "the Anthropic API is rate limiting this key (HTTP 429)"
     if isinstance(error, anthropic.AuthenticationError):
         return "the Anthropic API refused ANTHROPIC_API_KEY (HTTP 401)"
     if isinstance(error, anthropic.APIStatusError):
-        said = cli_common.one_line(_api_message(error.body) or error.message)[:200]
+        said = one_line(_api_message(error.body) or error.message)[:200]
         return f"the Anthropic API answered HTTP {error.status_code}: {said}"
-    return f"the Anthropic API request failed: {cli_common.one_line(error)[:200]}"
+    return f"the Anthropic API request failed: {one_line(error)[:200]}"
 
 
 def describe(n: Notice) -> str:
@@ -175,7 +175,7 @@ class Chat:
                         self.notify(describe(n))
                 self.notes.ack(batch)
             except ContextlogError as e:
-                self.notify(f"* notifications unavailable: {cli_common.one_line(e)}")
+                self.notify(f"* notifications unavailable: {one_line(e)}")
                 stop.wait(2)
 
     def handle(self, line: str) -> bool:
@@ -193,7 +193,7 @@ class Chat:
         except ModelFailed as e:
             self.say(f"error: no reply: {e}; your message is kept, send another to try again")
         except (ContextlogError, ValueError) as e:
-            self.say(f"error: {cli_common.one_line(e)}")
+            self.say(f"error: {one_line(e)}")
         return True
 
     def message(self, text: str) -> None:

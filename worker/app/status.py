@@ -14,10 +14,10 @@ from rq import Queue
 from rq.worker_registration import REDIS_WORKER_KEYS
 
 from contextlog.schema import keys
+from contextlog.schema.errors import one_line
 from contextlog.schema.queries import query
 from contextlog.worker.app import memory
 from contextlog.worker.app.config import QUEUE_REDIS_VAR
-from contextlog.worker.cli.common import one_line
 from contextlog.worker.ingest import deadletters
 from contextlog.worker.ingest.streams import entry_time_ms, id_key, outages, recent_failures
 from contextlog.worker.tasks.queue import SUMMARIES
