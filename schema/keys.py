@@ -66,6 +66,28 @@ def outbox(source: str) -> str:
     return f"contextlog:out:{{{source}}}"
 
 
+def idle_timer(conversation: str) -> str:
+    """The hash of a conversation's idle timer (`conversation`: its digest, in braces: one
+    slot; tasks/timers.py)."""
+    return f"contextlog:idle:{{{conversation}}}"
+
+
+def idle_bucket(second: int) -> str:
+    """The hash of one second's bucket of idle deadlines: its job and its timers' keys."""
+    return f"contextlog:idle-due:{{{second}}}"
+
+
+def compaction_claim(conversation: str) -> str:
+    """The key that says a compaction of the conversation (its job key) is queued or
+    running."""
+    return f"contextlog:compacting:{{{conversation}}}"
+
+
+def worker_heartbeat(worker: str) -> str:
+    """The hash where the worker named `worker` records its sweeper's heartbeat."""
+    return f"contextlog:worker:{{{worker}}}:sweep"
+
+
 def shard_of(agent: str, channel: str, shards: int) -> int:
     """Stable shard of a conversation: CRC-32 of its key, the same in every process."""
     key = agent.encode() + b"\x00" + channel.encode()

@@ -20,6 +20,7 @@ from rq.executions import ExecutionRegistry
 from rq.job import JobStatus
 
 from contextlog.producers.reader import ContextReader
+from contextlog.schema import keys
 from contextlog.schema.queries import query
 
 log = structlog.get_logger("contextlog.jobs")
@@ -46,7 +47,7 @@ SETTLE_S: Final = 10  # after a compaction, time for its event to land before th
 
 def compaction_claim(agent: str, channel: str) -> str:
     """The key that says a compaction of the conversation is queued or running."""
-    return f"contextlog:compacting:{{{job_key(agent, channel)}}}"
+    return keys.compaction_claim(job_key(agent, channel))
 
 
 def job_key(*parts: str) -> str:

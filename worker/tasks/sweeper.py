@@ -21,6 +21,7 @@ import redis
 import structlog
 from redis.typing import EncodableT, FieldT
 
+from contextlog.schema import keys
 from contextlog.worker.app import metrics
 from contextlog.worker.app.clock import Clock
 
@@ -41,7 +42,7 @@ def pid_namespace() -> str:
 
 def heartbeat_key(worker_name: str) -> str:
     """The hash where the worker named `worker_name` records its sweeper's heartbeat."""
-    return f"contextlog:worker:{{{worker_name}}}:sweep"
+    return keys.worker_heartbeat(worker_name)
 
 
 class Heartbeat:

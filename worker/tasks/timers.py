@@ -30,6 +30,7 @@ import structlog
 from rq import Queue
 from rq.job import Job, JobStatus
 
+from contextlog.schema import keys
 from contextlog.worker.tasks.queue import JOBS_MODULE
 
 log = structlog.get_logger("contextlog.idle")
@@ -141,7 +142,7 @@ def _conv_hash(agent: str, channel: str) -> str:
 
 def timer_key(agent: str, channel: str) -> str:
     """The Redis hash of a conversation's timer (its hash in braces: one slot)."""
-    return f"contextlog:idle:{{{_conv_hash(agent, channel)}}}"
+    return keys.idle_timer(_conv_hash(agent, channel))
 
 
 def bucket_second(due_ms: int) -> int:
@@ -151,7 +152,7 @@ def bucket_second(due_ms: int) -> int:
 
 def bucket_key(second: int) -> str:
     """The Redis hash of one second's bucket: its job and its timers' keys."""
-    return f"contextlog:idle-due:{{{second}}}"
+    return keys.idle_bucket(second)
 
 
 def ms(at: dt.datetime) -> int:
@@ -324,8 +325,8 @@ class Timers:
 
     def scan(self) -> dict[Conversation, Timer]:
         """Every armed timer, by conversation (a SCAN: for the periodic sweep only)."""
-        keys = list(self.redis.scan_iter(match="contextlog:idle:*", count=1000))
-        found = self.read_keys([k.decode() for k in keys])
+        found_keys = self.redis.scan_iter(match=keys.idle_timer("*"), count=1000)
+        found = self.read_keys([k.decode() for k in found_keys])
         return {c: t for c, t in found.items() if t is not None}
 
     def disarm_many(self, owner: str, timers: Sequence[tuple[Conversation, int]]) -> list[int]:
