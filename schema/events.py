@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import Annotated, Final, Literal, TypeAlias
+from typing import Annotated, Final, Literal, TypeAlias, get_args
 
 import msgspec
 from msgspec import Meta, Struct
@@ -227,20 +227,8 @@ AnyEvent: TypeAlias = (
     | SessionImported
 )
 
-EVENT_TYPES: tuple[type[Event], ...] = (
-    MessagePosted,
-    ContextCleared,
-    SessionSaveRequested,
-    SessionRestoreRequested,
-    SessionDeleteRequested,
-    SessionsPurgeRequested,
-    Configured,
-    FrameSet,
-    SummaryGenerated,
-    ContextCompacted,
-    MessageImported,
-    SessionImported,
-)
+# The same types, in the union's order (one list: `AnyEvent`).
+EVENT_TYPES: tuple[type[Event], ...] = get_args(AnyEvent)
 
 
 # The events that carry a message's content (a string or content blocks).

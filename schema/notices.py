@@ -13,6 +13,7 @@ from typing import Annotated, Final
 import msgspec
 from msgspec import Meta
 
+from contextlog.schema.blocks import MAX_NAME, MAX_TEXT
 from contextlog.schema.errors import EventRejected, EventTooLarge
 
 ENTRY_FIELD: Final = "n"
@@ -45,10 +46,10 @@ OVERSIZED: Final = "oversized"
 MALFORMED: Final = "malformed"
 INVALID: Final = "invalid"
 
-# Bounds, so a hostile entry cannot make the decoder allocate without limit. They match
-# the event contract's (schema.events), which this module must not import.
-_Name = Annotated[str, Meta(min_length=1, max_length=200)]
-_Text = Annotated[str, Meta(max_length=200_000)]
+# Bounds, so a hostile entry cannot make the decoder allocate without limit: the event
+# contract's (schema.blocks), a name's and a text's.
+_Name = Annotated[str, Meta(min_length=1, max_length=MAX_NAME)]
+_Text = Annotated[str, Meta(max_length=MAX_TEXT)]
 _Aware = Annotated[dt.datetime, Meta(tz=True)]
 
 
