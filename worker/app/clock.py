@@ -6,6 +6,8 @@ import datetime as dt
 import time
 from typing import Protocol
 
+from contextlog.producers.commands import utcnow
+
 
 class Clock(Protocol):
     """Wall time for decisions, monotonic time for intervals, and sleeping."""
@@ -27,8 +29,8 @@ class SystemClock:
     """The real clock."""
 
     def now(self) -> dt.datetime:
-        """The current UTC time."""
-        return dt.datetime.now(dt.UTC)
+        """The current UTC time (the producers' wall clock, `utcnow`)."""
+        return utcnow()
 
     def monotonic(self) -> float:
         """`time.monotonic()`."""

@@ -18,6 +18,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 
+from contextlog.producers.commands import utcnow
 from contextlog.producers.liveness import Watchdog
 from contextlog.schema import codec
 from contextlog.schema import events as ev
@@ -123,7 +124,7 @@ class PostgresEventLog:
         *,
         defaults: ConversationDefaults | None = None,
         relay: Relay | None = None,
-        now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        now: Callable[[], dt.datetime] = utcnow,
         watchdog: Watchdog | None = None,
         deadline_s: float = DEADLINE_S,
     ) -> None:
