@@ -466,7 +466,7 @@ def test_the_mark_of_a_message_stored_before_014_is_the_one_ingest_gives(
 ) -> None:
     """`contextlog_mark_of` (SQL, for rows without a mark) and `rows.mark_of` (ingest)
     agree on every message a bot posts, blanks and compaction blocks included."""
-    from contextlog.worker.ingest.rows import mark_of
+    from contextlog.worker.store.rows import mark_of
 
     block = {"type": "compaction", "content": "summary"}
     convo = [*convo, ("user", blank), ("assistant", [block, {"type": "text", "text": "a"}])]

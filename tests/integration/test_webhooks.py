@@ -33,9 +33,7 @@ def api(db: str, redis_url: str, rds: redis.Redis) -> Iterator[Api]:
     )
     reader = ContextReader.from_url(db)
     producer = Producer(redis.Redis.from_url(redis_url), shards=4)
-    resources = Resources(
-        settings, reader, producer, LocalSummarizer(), SystemClock(), Timers(rds)
-    )
+    resources = Resources(settings, reader, producer, LocalSummarizer(), SystemClock(), Timers(rds))
     bootstrap.install(resources)
     with running(settings), serving(settings) as a:
         yield a

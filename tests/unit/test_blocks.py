@@ -17,7 +17,7 @@ from contextlog.producers.context import StoredMessage, build_context, estimate_
 from contextlog.schema import attachments, blocks, codec
 from contextlog.schema import events as ev
 from contextlog.schema.errors import EventRejected
-from contextlog.worker.ingest.rows import tokens_of
+from contextlog.worker.store.rows import tokens_of
 from tests.support.anthropic_rules import check_messages
 from tests.support.blocks import PARAMS, SIGNATURE, UNKNOWN, server_call
 from tests.unit.test_events import COMMON

@@ -15,19 +15,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import msgspec
-import psycopg
-from psycopg.rows import TupleRow
 
 from contextlog.schema import attachments, codec, keys
 from contextlog.schema import events as ev
-from contextlog.schema.queries import query
 from contextlog.worker.ingest.streams import Rejected
-
-if TYPE_CHECKING:  # eventlog calls `insert`: imported for types only, no cycle
-    from contextlog.worker.store.eventlog import Accepted, EventLog
+from contextlog.worker.store.batch import Accepted, EventLog
 
 # Attachment bytes one transaction brings at most (a batch of many large attachments is
 # stored in several transactions, in order), so ingest's memory stays bounded.
@@ -140,21 +135,3 @@ def forget(client: Any, shard: int, batch: Sequence[Accepted]) -> None:
     )
     if names:
         client.delete(*names)
-
-
-def insert(cur: psycopg.Cursor[TupleRow], batch: Sequence[Accepted]) -> None:
-    """In the batch's transaction: store the bytes the batch brings, once per hash (a
-    hash stored meanwhile by another shard's writer is skipped by the key)."""
-    blobs: dict[str, bytes] = {}
-    for a in batch:
-        blobs.update(a.blobs)
-    for sha, data in sorted(blobs.items()):
-        # %b: the bytes go in binary, not as 2x hex text.
-        params = {"sha256": bytes.fromhex(sha), "size": len(data), "data": data}
-        cur.execute(query("insert_attachment"), params)
-
-
-def stored(conn: psycopg.Connection[TupleRow], hashes: Sequence[str]) -> set[str]:
-    """Which of `hashes` the `attachments` table holds."""
-    rows = conn.execute(query("attachments_stored"), {"hashes": [bytes.fromhex(h) for h in hashes]})
-    return {bytes(sha256).hex() for (sha256,) in rows}

@@ -9,10 +9,9 @@ import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Final, NamedTuple, Protocol
+from typing import Final
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -28,10 +27,11 @@ from contextlog.schema.queries import query
 from contextlog.worker.effects.kinds import Arm, Compact, Effect
 from contextlog.worker.effects.outbox import Outbox
 from contextlog.worker.effects.relay import Relay
-from contextlog.worker.ingest import attachments
-from contextlog.worker.ingest.rows import CopyText, guard_key, insert_params, row_of, unique
-from contextlog.worker.store import projection
+from contextlog.worker.store import attachments, projection
+from contextlog.worker.store.batch import Accepted as Accepted  # the append's input
+from contextlog.worker.store.batch import EventLog as EventLog
 from contextlog.worker.store.handlers import COMMANDS, handle
+from contextlog.worker.store.rows import CopyText, guard_key, insert_params, row_of, unique
 
 # The event id guard: the partitioned table's constraint and its partitions' (a unique
 # violation names the partition's), as migration 007 names them.
@@ -67,52 +67,6 @@ def bound_waits(conn: psycopg.Connection[TupleRow], lease_seconds: float) -> Non
     conn.execute(f"SET idle_in_transaction_session_timeout = {idle_ms}")
     conn.execute(f"SET lock_timeout = {lock_ms}")
     conn.commit()
-
-
-_NO_BLOBS: Final[Mapping[str, bytes]] = MappingProxyType({})
-
-
-class Accepted(NamedTuple):
-    """A decoded entry waiting to be appended: its stream id, event and original JSON.
-
-    A named tuple, not a frozen dataclass: one is made per entry, and a frozen dataclass
-    costs twice as much to make (its __init__ sets each field through object.__setattr__).
-    """
-
-    entry_id: str
-    event: ev.AnyEvent
-    payload: bytes
-    # Attachment bytes (by sha256) to store with the event: set by `attachments.resolve`.
-    blobs: Mapping[str, bytes] = _NO_BLOBS
-
-
-class EventLog(Protocol):
-    """Where ingest appends: Postgres in production, memory in unit tests."""
-
-    def append(self, shard: int, epoch: int, batch: Sequence[Accepted]) -> int:
-        """Store a batch atomically and idempotently; returns how many events were new.
-
-        Raises `Fenced` when a newer lease epoch already wrote this shard, `Conflict`
-        when another writer stored some of the events meanwhile, `StorageRefused` when
-        the data is refused, `Unavailable` when the store cannot be reached.
-        """
-        ...
-
-    def epochs(self) -> dict[int, int]:
-        """The last committed lease epoch of each shard."""
-        ...
-
-    def flush_effects(self, older_than: float = 30.0, limit: int = 500) -> int:
-        """Send the effects of committed batches that were not sent; returns how many."""
-        ...
-
-    def stored_attachments(self, hashes: Sequence[str]) -> set[str]:
-        """Which of these attachment hashes (sha256, hex) are stored."""
-        ...
-
-    def close(self) -> None:
-        """Release the connection."""
-        ...
 
 
 class PostgresEventLog:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import msgspec
 
@@ -14,9 +14,7 @@ from contextlog.producers.context import clean_start, estimate_tokens
 from contextlog.schema import blocks
 from contextlog.schema import events as ev
 from contextlog.worker.store import projection
-
-if TYPE_CHECKING:
-    from contextlog.worker.store.eventlog import Accepted
+from contextlog.worker.store.batch import Accepted
 
 _encode_json: Final = msgspec.json.Encoder().encode
 
