@@ -221,6 +221,14 @@ class Commands(ABC, Generic[R]):
             )
         )
 
+    def search(self, agent: str, channel: str, query: str, *, page: int = 1, **opts: Any) -> R:
+        """`/context search <query>`: ingest answers with a `search_results` notice holding
+        one page of this conversation's matches (syntax: `schema.search`; a query with
+        nothing to look for is refused here)."""
+        return self._send(
+            ev.SearchRequested(query=query, page=page, **self._common(agent, channel, opts))
+        )
+
     def set_frame(
         self,
         agent: str,

@@ -11,9 +11,11 @@ from typing import Any, TypeVar
 import msgspec
 import psycopg
 import psycopg.types.json
+from psycopg.rows import class_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from contextlog.producers import attachments
+from contextlog.producers import search as found
 from contextlog.producers.context import (
     Context,
     Frame,
@@ -362,6 +364,36 @@ class ContextReader(_Reader):
         rows = self._read(lambda conn: conn.execute(query("session_messages"), params).fetchall)
         return info, to_messages(rows)
 
+    def search(
+        self,
+        agent: str,
+        query: str,
+        *,
+        channel: str | None = None,
+        thread: str | None = None,
+        sender: str | None = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        page: int = 1,
+        per_page: int = found.PER_PAGE,
+    ) -> found.SearchPage:
+        """The messages of `agent`'s log that match `query` (syntax: `schema.search`),
+        best first, newest first among equals, one page; outside the window and in deleted
+        sessions too (the log keeps them). Never another agent's. Bad input: `Refused`."""
+        params = found.params(
+            agent,
+            query,
+            channel=channel,
+            thread=thread,
+            sender=sender,
+            since=since,
+            until=until,
+            page=page,
+            per_page=per_page,
+        )
+        rows = self._read(lambda conn: _send_hits(conn, params))
+        return found.to_page(query, rows, page, per_page)
+
     def _session(
         self, session_id: str, agent: str | None, channel: str | None
     ) -> tuple[SessionInfo, list[int]]:
@@ -508,6 +540,34 @@ class AsyncContextReader(_Reader):
         rows = await self._read(lambda conn: _asend_rows(conn, "get_session", params))
         return pick(rows, session_id, agent, channel)[0]
 
+    async def search(
+        self,
+        agent: str,
+        query: str,
+        *,
+        channel: str | None = None,
+        thread: str | None = None,
+        sender: str | None = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        page: int = 1,
+        per_page: int = found.PER_PAGE,
+    ) -> found.SearchPage:
+        """`ContextReader.search`, for asyncio."""
+        params = found.params(
+            agent,
+            query,
+            channel=channel,
+            thread=thread,
+            sender=sender,
+            since=since,
+            until=until,
+            page=page,
+            per_page=per_page,
+        )
+        rows = await self._read(lambda conn: _asend_hits(conn, params))
+        return found.to_page(query, rows, page, per_page)
+
     async def _read(self, send: ASend[T]) -> T:
         """`ContextReader._read`, for asyncio."""
         if self.replica is None:
@@ -563,6 +623,22 @@ class AsyncContextReader(_Reader):
 async def _aconfigure(conn: Any) -> None:
     psycopg.types.json.set_json_loads(msgspec.json.decode, conn)
     await conn.execute(_ONE_PLAN)
+
+
+def _send_hits(conn: Any, params: dict[str, Any]) -> Callable[[], list[found.HitRow]]:
+    """Queue a search page (unprepared: a custom plan for the query's words)."""
+    cur = conn.cursor(row_factory=class_row(found.HitRow))
+    cur.execute(query("search_messages"), params, prepare=False)
+    return cur.fetchall  # type: ignore[no-any-return]
+
+
+async def _asend_hits(
+    conn: Any, params: dict[str, Any]
+) -> Callable[[], Awaitable[list[found.HitRow]]]:
+    """`_send_hits` on an asyncio connection."""
+    cur = conn.cursor(row_factory=class_row(found.HitRow))
+    await cur.execute(query("search_messages"), params, prepare=False)
+    return cur.fetchall  # type: ignore[no-any-return]
 
 
 async def _asend_rows(

@@ -10,7 +10,7 @@ from typing import Final
 
 import msgspec
 
-from contextlog.schema import blocks
+from contextlog.schema import blocks, search
 from contextlog.schema.errors import EventRejected, EventTooLarge
 from contextlog.schema.events import (
     NAMES_OF,
@@ -19,7 +19,9 @@ from contextlog.schema.events import (
     FrameSet,
     MessageImported,
     MessagePosted,
+    SearchRequested,
     SessionImported,
+    SessionsExpired,
 )
 
 ENTRY_FIELD: Final = b"e"
@@ -148,6 +150,8 @@ def _check_times(event: AnyEvent) -> None:
         _check_time("original_at", event.original_at)
     elif isinstance(event, SessionImported):
         _check_time("created_at", event.created_at)
+    elif isinstance(event, SessionsExpired):
+        _check_time("before", event.before)
 
 
 def _check_time(name: str, at: dt.datetime | None) -> None:
@@ -164,6 +168,10 @@ def _check_semantics(event: AnyEvent) -> None:
     in range, and each content block valid for its type (`schema.blocks`)."""
     _check_names(event)
     _check_times(event)
+    if event.erased is not None:
+        raise EventRejected(INVALID, "`erased` is written by ingest only - at `$.erased`")
+    if isinstance(event, SearchRequested) and (why := search.check(event.query)):
+        raise EventRejected(INVALID, f"{why} - at `$.query`")
     try:
         if isinstance(event, FrameSet):
             blocks.check_frame(event.system, event.tools)

@@ -41,6 +41,8 @@ WITH gone AS (
     DELETE FROM threads WHERE agent = %(agent)s AND channel = %(channel)s
 ), n AS (
     DELETE FROM notes WHERE agent = %(agent)s AND channel = %(channel)s
+), f AS (
+    DELETE FROM search_messages WHERE agent = %(agent)s AND channel = %(channel)s
 ), c AS (
     DELETE FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s
 )

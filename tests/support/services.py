@@ -87,6 +87,11 @@ def migrate_layout(conn: psycopg.Connection[TupleRow], upto: int) -> list[str]:
     return applied
 
 
+def later_than(version: int) -> list[str]:
+    """The names of the migrations after `version`, as `migrate` reports them applied."""
+    return [f"{m.version:03d}_{m.name}" for m in migrations() if m.version > version]
+
+
 def drop_database(base_url: str, name: str) -> None:
     """Drop a test database, disconnecting whoever is still on it."""
     with psycopg.connect(base_url, autocommit=True) as admin:

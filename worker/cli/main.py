@@ -28,6 +28,7 @@ from contextlog.worker.app.clock import SystemClock
 from contextlog.worker.app.config import Settings
 from contextlog.worker.cli import answers
 from contextlog.worker.cli import common as cli_common
+from contextlog.worker.cli import search as cli_search
 from contextlog.worker.cli import sessions as cli_sessions
 from contextlog.worker.cli.common import (
     EXIT_ERROR,
@@ -131,7 +132,7 @@ def _print_status(status: Status) -> None:
 
 
 # Commands whose outcome ingest publishes as a notice (done, or refused with a reason).
-ANSWERED = frozenset({"save", "restore", "delete-session", "purge-sessions"})
+ANSWERED = frozenset({"save", "restore", "delete-session", "purge-sessions", "search"})
 
 
 def cmd_send(settings: Settings, args: argparse.Namespace) -> int:
@@ -174,6 +175,8 @@ def _send(producer: Any, args: argparse.Namespace) -> str:
         eid = producer.delete_session(args.agent, args.channel, args.session_id, **common)
     elif verb == "purge-sessions":
         eid = producer.purge_sessions(args.agent, args.channel, args.keep, **common)
+    elif verb == "search":
+        eid = producer.search(args.agent, args.channel, args.query, page=args.page, **common)
     else:
         eid = producer.configure(
             args.agent,
@@ -361,12 +364,16 @@ def _send_parser(sub: Any) -> None:
     )
     purge = verb("purge-sessions", "keep only the newest N sessions")
     purge.add_argument("--keep", type=non_negative, required=True, help="sessions to keep (N)")
+    found = verb("search", "/context search QUERY: this conversation's matches, as a notice")
+    found.add_argument("query", help="what to look for (`contextlog search --help`: syntax)")
+    found.add_argument("--page", type=positive, default=1, help="page N of the matches")
     session = ("session_id", "a saved session's id (`contextlog sessions`), or `last`")
     for answered in (
         save,
         verb("restore", "/context restore", session),
         verb("delete-session", "delete one saved session", session),
         purge,
+        found,
     ):
         cli_common.add_wait(answered)
     c = verb("configure", "change conversation settings")
@@ -400,6 +407,7 @@ def parser() -> argparse.ArgumentParser:
     ret.add_argument("--limit", type=positive, default=1000, help="conversations per run")
     ret.add_argument("--restore", metavar="FILE", help="put an archive back, then rebuild")
     cli_sessions.add_parsers(sub)
+    cli_search.add_parser(sub)
     return p
 
 
@@ -414,6 +422,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "rebuild": cmd_rebuild,
     "retire": cmd_retire,
     **cli_sessions.COMMANDS,
+    **cli_search.COMMANDS,
 }
 
 

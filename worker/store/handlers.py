@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 import msgspec
-import psycopg
-from psycopg.rows import TupleRow, class_row
 
 from contextlog.producers.context import CUT_AT, StoredMessage, estimate_tokens
 from contextlog.producers.history import SessionMessage
@@ -22,11 +20,11 @@ from contextlog.schema import events as ev
 from contextlog.schema import notices as nt
 from contextlog.schema.defaults import ConversationDefaults
 from contextlog.schema.queries import query
-from contextlog.worker.effects.kinds import Effect, Notice, Summarize
-from contextlog.worker.store import sessions
-
-Cursor = psycopg.Cursor[TupleRow]
-T = TypeVar("T")
+from contextlog.worker.effects.kinds import Effect, Summarize
+from contextlog.worker.store import search, sessions
+from contextlog.worker.store.replies import Cursor, notice, refused
+from contextlog.worker.store.replies import key as _key
+from contextlog.worker.store.replies import rows_as as _rows_as
 
 
 class FoundSession(NamedTuple):
@@ -38,42 +36,6 @@ class FoundSession(NamedTuple):
     seqs: list[int]
     deleted_at: dt.datetime | None
     summary: str | None
-
-
-def _rows_as(cur: Cursor, shape: type[T]) -> psycopg.Cursor[T]:
-    """A cursor in `cur`'s transaction whose rows are `shape`s, built by column name (a
-    query whose columns stop matching the fields fails, rather than shifting them)."""
-    return cur.connection.cursor(row_factory=class_row(shape))
-
-
-def notice(
-    e: ev.Event, kind: str, text: str | None, source: str | None = None, **fields: Any
-) -> list[Effect]:
-    """A notice about event `e` for its adapter (none if the event named no source)."""
-    source = source or e.source
-    if source is None:
-        return []
-    n = nt.Notice(
-        notice_id=f"{e.event_id}:{kind}",
-        kind=kind,
-        agent=e.agent,
-        channel=e.channel,
-        thread=e.thread,
-        occurred_at=e.occurred_at,
-        text=text,
-        event_id=str(e.event_id),
-        **fields,
-    )
-    return [Notice(source, nt.encode(n).decode())]
-
-
-def refused(e: ev.Event, reason: str) -> list[Effect]:
-    """A command that changed nothing; the adapter learns why."""
-    return notice(e, nt.COMMAND_REFUSED, reason)
-
-
-def _key(e: ev.Event) -> dict[str, Any]:
-    return {"agent": e.agent, "channel": e.channel}
 
 
 def on_clear(
@@ -412,9 +374,12 @@ HANDLERS: dict[type, Handler] = {
     ev.ContextCompacted: on_compaction,
     ev.SessionImported: on_import,
     ev.FrameSet: on_frame,
+    ev.SearchRequested: search.on_search,
 }
 # The kinds after which ingest splits a batch (they read the projections as of themselves).
 COMMANDS = frozenset(ev.TAGS[cls] for cls in HANDLERS)
+# Commands that only answer (change no projection): a rebuild does not run them again.
+ANSWERS = frozenset({ev.TAGS[ev.SearchRequested]})
 
 
 def handle(

@@ -1,0 +1,183 @@
+-- Full-text search over the log (issue 34): `search_messages`, one row per message with
+-- the words a person would search for, maintained by ingest in the batch's transaction.
+--
+-- The text search configuration, `contextlog_search`: Postgres' `simple` parser and
+-- dictionary (every word lowercased, none stemmed, none dropped as a stop word), with
+-- `unaccent` first, so `Café` finds `cafe` and `Straße` finds `strasse`. Why not a
+-- language's own configuration (english, french...): a conversation mixes languages, an
+-- agent serves people in many, and stemming for one language mangles the others' words
+-- (and drops their words that look like its stop words); a per-agent configuration
+-- would be a setting to get wrong and a reindex to change. Prefixes (`roll*`) give back
+-- most of what stemming would. Han and kana are written without spaces, which the parser
+-- cannot split: each of their characters is made a word of its own
+-- (`contextlog_search_spaced`), and a query's run of them is a phrase (schema/search.py).
+--
+-- Which text (`contextlog_search_text`): a string content; text blocks; the string values
+-- of tool inputs; tool results' text; documents' titles, context and plain-text sources;
+-- search results' titles and text. Not base64 data, signatures, thinking (the model's, not
+-- the person's) or compaction summaries (the messages they summarise are there). The first
+-- MAX_CHARS characters of a message are indexed (a tsvector holds at most 1 MB).
+--
+-- Maintenance: a statement trigger on `events` inserts the rows of each INSERT or COPY
+-- (ingest's two paths, and `retire --restore`) in that statement's transaction, so a
+-- message is searchable as soon as it is stored. Messages stored before this migration
+-- are indexed afterwards, newest first, in bounded steps by the worker's sweeper and all
+-- at once by `contextlog rebuild` (`search_backfill` says how far; `contextlog status`
+-- shows what is left): the migration itself only creates, so ingest waits for it briefly.
+--
+-- `unaccent` and `btree_gin` are contrib extensions, trusted (a database owner may create
+-- them). Where they are missing, search works without accent folding, and the words index
+-- is on the words alone (agent scoping is then a filter).
+
+DO $$
+BEGIN
+    BEGIN
+        CREATE EXTENSION IF NOT EXISTS unaccent;
+    EXCEPTION WHEN OTHERS THEN
+        RAISE NOTICE 'unaccent is not available (%): search will not fold accents', SQLERRM;
+    END;
+    BEGIN
+        CREATE EXTENSION IF NOT EXISTS btree_gin;
+    EXCEPTION WHEN OTHERS THEN
+        RAISE NOTICE 'btree_gin is not available (%): the words index leaves out the agent',
+            SQLERRM;
+    END;
+END $$;
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_ts_config WHERE cfgname = 'contextlog_search') THEN
+        CREATE TEXT SEARCH CONFIGURATION contextlog_search (COPY = simple);
+        IF EXISTS (SELECT FROM pg_ts_dict WHERE dictname = 'unaccent') THEN
+            ALTER TEXT SEARCH CONFIGURATION contextlog_search
+                ALTER MAPPING FOR asciiword, asciihword, hword_asciipart, word, hword,
+                                  hword_part, numword, numhword, hword_numpart
+                WITH unaccent, simple;
+        END IF;
+    END IF;
+END $$;
+
+-- Han, Hiragana, Katakana and CJK compatibility ideographs set apart by spaces: one word
+-- a character (schema/search.py `CJK` holds the same ranges for queries).
+CREATE OR REPLACE FUNCTION contextlog_search_spaced(t text)
+RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN t ~ '[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]'
+                THEN regexp_replace(t, '([\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff])',
+                                    ' \1 ', 'g')
+                ELSE t END
+$$;
+
+-- The searchable text of one content block (see the head of this file).
+CREATE OR REPLACE FUNCTION contextlog_block_text(b jsonb)
+RETURNS SETOF text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT b->>'text' WHERE b->>'type' = 'text'
+    UNION ALL
+    SELECT v #>> '{}' FROM jsonb_path_query(b->'input', 'strict $.**') v
+    WHERE b->>'type' IN ('tool_use', 'server_tool_use', 'mcp_tool_use')
+      AND jsonb_typeof(v) = 'string'
+    UNION ALL
+    SELECT b->>'content'
+    WHERE b->>'type' IN ('tool_result', 'mcp_tool_result')
+      AND jsonb_typeof(b->'content') = 'string'
+    UNION ALL
+    SELECT v #>> '{}' FROM jsonb_path_query(b, 'strict $.content[*] ? (@.type == "text").text') v
+    WHERE b->>'type' IN ('tool_result', 'mcp_tool_result', 'search_result')
+      AND jsonb_typeof(b->'content') = 'array'
+    UNION ALL
+    SELECT v #>> '{}' FROM jsonb_path_query(
+        b, 'strict $.content[*] ? (@.type == "document" || @.type == "search_result").title') v
+    WHERE b->>'type' IN ('tool_result', 'mcp_tool_result')
+      AND jsonb_typeof(b->'content') = 'array'
+    UNION ALL
+    SELECT b->>'title' WHERE b->>'type' IN ('document', 'search_result')
+    UNION ALL
+    SELECT b->>'context' WHERE b->>'type' = 'document'
+    UNION ALL
+    SELECT b->'source'->>'data'
+    WHERE b->>'type' = 'document' AND b->'source'->>'type' = 'text'
+    UNION ALL
+    SELECT v #>> '{}' FROM jsonb_path_query(
+        b, 'strict $.source.content[*] ? (@.type == "text").text') v
+    WHERE b->>'type' = 'document' AND b->'source'->>'type' = 'content'
+$$;
+
+-- A message's searchable text (NULL: none, or the message was erased), capped.
+CREATE OR REPLACE FUNCTION contextlog_search_text(payload jsonb)
+RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT left(CASE
+        WHEN payload ? 'erased' THEN NULL
+        WHEN jsonb_typeof(payload->'content') = 'string' THEN payload->>'content'
+        WHEN jsonb_typeof(payload->'content') = 'array' THEN (
+            SELECT string_agg(t, E'\n' ORDER BY i)
+            FROM jsonb_array_elements(payload->'content') WITH ORDINALITY AS x(b, i),
+                 LATERAL contextlog_block_text(x.b) AS t
+            WHERE t IS NOT NULL)
+    END, 100000)
+$$;
+
+-- The words of a message as `search_messages` keeps them (NULL: nothing to find).
+CREATE OR REPLACE FUNCTION contextlog_search_words(payload jsonb)
+RETURNS tsvector LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT nullif(to_tsvector('contextlog_search',
+                              contextlog_search_spaced(contextlog_search_text(payload))), '')
+$$;
+
+CREATE TABLE IF NOT EXISTS search_messages (
+    agent       text        NOT NULL,
+    channel     text        NOT NULL,
+    seq         bigint      NOT NULL,
+    thread      text        NOT NULL,
+    position    bigint      NOT NULL,
+    recorded_at timestamptz NOT NULL,
+    role        text,
+    sender      text,
+    words       tsvector    NOT NULL,
+    PRIMARY KEY (agent, channel, seq)
+);
+-- Newest first within an agent (a common word: its newest matches, without the index of
+-- words), and `since`/`until`.
+CREATE INDEX IF NOT EXISTS search_messages_newest_idx
+    ON search_messages (agent, recorded_at, position);
+
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_extension WHERE extname = 'btree_gin') THEN
+        -- Always scoped to an agent: its rows only, a rare word found in a few pages.
+        CREATE INDEX IF NOT EXISTS search_messages_words_idx
+            ON search_messages USING gin (agent, words);
+    ELSE
+        CREATE INDEX IF NOT EXISTS search_messages_words_idx
+            ON search_messages USING gin (words);
+    END IF;
+END $$;
+
+-- The search rows of the events one statement inserted.
+CREATE OR REPLACE FUNCTION contextlog_search_logged()
+RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO search_messages (agent, channel, seq, thread, position, recorded_at, role,
+                                 sender, words)
+    SELECT n.agent, n.channel, n.seq, n.thread, n.position, n.recorded_at,
+           n.payload->>'role', n.payload->>'sender', w.words
+    FROM logged n, LATERAL (SELECT contextlog_search_words(n.payload) AS words) w
+    WHERE n.kind IN ('message.v1', 'imported_message.v1') AND w.words IS NOT NULL
+    ON CONFLICT DO NOTHING;
+    RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS contextlog_search ON events;
+CREATE TRIGGER contextlog_search AFTER INSERT ON events
+    REFERENCING NEW TABLE AS logged
+    FOR EACH STATEMENT EXECUTE FUNCTION contextlog_search_logged();
+
+-- Messages stored before the trigger: positions up to `below` (exclusive) are still to be
+-- indexed, newest first (0: done).
+CREATE TABLE IF NOT EXISTS search_backfill (
+    id    boolean PRIMARY KEY DEFAULT true CHECK (id),
+    below bigint  NOT NULL
+);
+INSERT INTO search_backfill (below)
+SELECT coalesce(max(position), 0) + 1 FROM events
+ON CONFLICT (id) DO NOTHING;
+UPDATE search_backfill SET below = 0 WHERE below = 1;

@@ -1,0 +1,105 @@
+-- Named queries of search (migration 016; the query syntax: schema/search.py).
+
+-- name: search_messages
+-- One page of an agent's matches. The newest %(window)s matches (a common word in a large
+-- log: the newest, found without reading every match) are ranked by cover density
+-- (words together and close rank higher; long messages are not favoured), newest first
+-- among equals. `matches` counts the window; the snippet marks the words found with **
+-- (ShortWord=0: a fragment may start or end on a one-character word, which every Han or
+-- kana character is).
+-- Run unprepared (a custom plan): the planner then sees the query's words and picks the
+-- words index for a rare one, the newest-first scan for a common one.
+WITH q AS MATERIALIZED (
+    SELECT to_tsquery('contextlog_search', %(tsquery)s) AS q
+), found AS MATERIALIZED (
+    SELECT s.agent, s.channel, s.seq, s.thread, s.position, s.recorded_at, s.role,
+           s.sender, ts_rank_cd(s.words, q.q, 1) AS rank
+    FROM search_messages s, q
+    WHERE s.agent = %(agent)s AND s.words @@ q.q
+      AND (%(channel)s::text IS NULL OR s.channel = %(channel)s::text)
+      AND (%(thread)s::text IS NULL OR s.thread = %(thread)s::text)
+      AND (%(sender)s::text IS NULL OR s.sender = %(sender)s::text)
+      AND (%(since)s::timestamptz IS NULL OR s.recorded_at >= %(since)s::timestamptz)
+      AND (%(until)s::timestamptz IS NULL OR s.recorded_at < %(until)s::timestamptz)
+    ORDER BY s.recorded_at DESC, s.position DESC
+    LIMIT %(window)s
+), page AS (
+    SELECT * FROM found
+    ORDER BY rank DESC, recorded_at DESC, position DESC
+    LIMIT %(limit)s OFFSET %(offset)s
+)
+SELECT p.agent, p.channel, p.thread, p.seq, e.event_id, p.recorded_at AS at,
+       coalesce((e.payload->>'original_at')::timestamptz, e.occurred_at) AS occurred_at,
+       p.sender, p.role, p.rank,
+       ts_headline('contextlog_search',
+                   contextlog_search_spaced(contextlog_search_text(e.payload)), q.q,
+                   'StartSel=**, StopSel=**, MaxWords=24, MinWords=8, ShortWord=0, '
+                   'MaxFragments=2, FragmentDelimiter=" … "') AS snippet,
+       array(SELECT ss.session_id FROM sessions ss
+             WHERE ss.agent = p.agent AND ss.channel = p.channel AND ss.deleted_at IS NULL
+               AND p.seq = ANY(ss.seqs)
+             ORDER BY ss.seq) AS sessions,
+       m.matches
+-- One row with `matches` even when the page is past the last hit (its other columns NULL).
+FROM (SELECT count(*) AS matches FROM found) m
+CROSS JOIN q
+LEFT JOIN (page p JOIN events e ON e.agent = p.agent AND e.channel = p.channel
+                                AND e.seq = p.seq) ON true
+ORDER BY p.rank DESC, p.recorded_at DESC, p.position DESC;
+
+-- name: search_backfill_step
+-- Index up to %(limit)s of the messages stored before migration 016, newest first (the
+-- ones people look for first); returns how many events it went through and where it is.
+WITH state AS (
+    SELECT below FROM search_backfill WHERE below > 0 FOR UPDATE
+), batch AS MATERIALIZED (
+    SELECT e.* FROM events e, state
+    WHERE e.position < state.below
+    ORDER BY e.position DESC
+    LIMIT %(limit)s
+), added AS (
+    INSERT INTO search_messages (agent, channel, seq, thread, position, recorded_at, role,
+                                 sender, words)
+    SELECT b.agent, b.channel, b.seq, b.thread, b.position, b.recorded_at,
+           b.payload->>'role', b.payload->>'sender', w.words
+    FROM batch b, LATERAL (SELECT contextlog_search_words(b.payload) AS words) w
+    WHERE b.kind IN ('message.v1', 'imported_message.v1') AND w.words IS NOT NULL
+    ON CONFLICT DO NOTHING
+), moved AS (
+    UPDATE search_backfill SET below = CASE WHEN (SELECT count(*) FROM batch) < %(limit)s
+                                            THEN 0
+                                            ELSE (SELECT min(position) FROM batch) END
+    WHERE below > 0
+    RETURNING below
+)
+SELECT (SELECT count(*) FROM batch) AS events, (SELECT below FROM moved) AS below;
+
+-- name: search_backfill_left
+-- Events stored before migration 016 not yet indexed (0: none), from their positions (an
+-- upper bound where retention left gaps).
+SELECT coalesce((SELECT greatest(0, b.below - (SELECT min(position) FROM events))
+                 FROM search_backfill b WHERE b.below > 0), 0) AS left_events;
+
+-- name: search_reindex
+-- `contextlog rebuild`: every message's row again, from the log as it is now.
+INSERT INTO search_messages (agent, channel, seq, thread, position, recorded_at, role,
+                             sender, words)
+SELECT e.agent, e.channel, e.seq, e.thread, e.position, e.recorded_at,
+       e.payload->>'role', e.payload->>'sender', w.words
+FROM events e, LATERAL (SELECT contextlog_search_words(e.payload) AS words) w
+WHERE e.kind IN ('message.v1', 'imported_message.v1') AND w.words IS NOT NULL
+  AND e.position >= %(lo)s AND e.position < %(hi)s;
+
+-- name: search_backfill_done
+UPDATE search_backfill SET below = 0;
+
+-- name: position_bounds
+SELECT coalesce(min(position), 0), coalesce(max(position), 0) FROM events;
+
+-- name: statement_timeout
+-- The connection's statement timeout (to put back after `set_statement_timeout`).
+SELECT current_setting('statement_timeout') AS timeout;
+
+-- name: set_statement_timeout
+-- For the rest of the transaction (or until set again); undone with a savepoint.
+SELECT set_config('statement_timeout', %(timeout)s, true);

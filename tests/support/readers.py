@@ -1,0 +1,49 @@
+"""Both readers behind one face, so one parametrised test suite runs every public method
+on the sync `ContextReader` and the asyncio `AsyncContextReader` (STYLE: twins cannot
+drift). `Twin.call("search", ...)` runs the method on whichever the test was given."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from contextlog.producers import AsyncContextReader, ContextReader
+from contextlog.schema.defaults import ConversationDefaults
+
+
+class Twin:
+    """A sync or an asyncio reader on `url`; `call` waits for the asyncio one."""
+
+    def __init__(self, url: str, kind: str) -> None:
+        self.kind = kind
+        self.loop: asyncio.AbstractEventLoop | None = None
+        if kind == "sync":
+            self.reader: Any = ContextReader.from_url(url, defaults=ConversationDefaults())
+        else:
+            self.loop = asyncio.new_event_loop()
+            self.reader = AsyncContextReader.from_url(url, defaults=ConversationDefaults())
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """`reader.method(*args, **kwargs)`, awaited when the reader is the asyncio one."""
+        result = getattr(self.reader, method)(*args, **kwargs)
+        if self.loop is None:
+            return result
+        return self.loop.run_until_complete(result)
+
+    def close(self) -> None:
+        if self.loop is None:
+            self.reader.close()
+            return
+        self.loop.run_until_complete(self.reader.aclose())
+        self.loop.close()
+
+
+@pytest.fixture(params=["sync", "async"])
+def twin(db: str, request: pytest.FixtureRequest) -> Iterator[Twin]:
+    """The reader of a test, once sync and once asyncio."""
+    t = Twin(db, request.param)
+    yield t
+    t.close()
