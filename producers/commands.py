@@ -229,6 +229,26 @@ class Commands(ABC, Generic[R]):
             ev.SearchRequested(query=query, page=page, **self._common(agent, channel, opts))
         )
 
+    def set_retention(
+        self,
+        agent: str,
+        channel: str,
+        *,
+        keep_log_days: int | None = None,
+        keep_sessions_days: int | None = None,
+        **opts: Any,
+    ) -> R:
+        """This conversation's retention, over its agent's policy: keep its log this many
+        days after its last activity, its saved sessions this many days after they were
+        saved (None: unchanged; 0: back to the agent's policy)."""
+        return self._send(
+            ev.RetentionSet(
+                keep_log_days=keep_log_days,
+                keep_sessions_days=keep_sessions_days,
+                **self._common(agent, channel, opts),
+            )
+        )
+
     def set_frame(
         self,
         agent: str,

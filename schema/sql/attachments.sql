@@ -1,4 +1,5 @@
--- Named queries of attachments (loaded with queries.sql). Only these read the table.
+-- Named queries of attachments (loaded with queries.sql). Only these read the table, and
+-- only `attachment_data` reads the bytes.
 
 -- name: attachments_stored
 SELECT sha256 FROM attachments WHERE sha256 = ANY(%(hashes)s::bytea[]);
@@ -10,3 +11,17 @@ ON CONFLICT (sha256) DO NOTHING;
 
 -- name: attachment_data
 SELECT sha256, data FROM attachments WHERE sha256 = ANY(%(hashes)s::bytea[]);
+
+-- name: lock_attachments
+-- Before deleting attachments (an erase, retention): wait for every transaction that
+-- references one of them (ingest locks what it references, KEY SHARE, 017), so that their
+-- references are seen by the next statement.
+SELECT sha256 FROM attachments WHERE sha256 = ANY(%(hashes)s::bytea[]) ORDER BY sha256
+FOR UPDATE;
+
+-- name: drop_unreferenced_attachments
+-- Of these attachments, those no event references any more.
+DELETE FROM attachments a
+WHERE a.sha256 = ANY(%(hashes)s::bytea[])
+  AND NOT EXISTS (SELECT FROM attachment_refs r WHERE r.sha256 = a.sha256)
+RETURNING a.sha256;

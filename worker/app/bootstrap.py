@@ -31,7 +31,7 @@ from contextlog.worker.effects.relay import Relay
 from contextlog.worker.ingest.loop import Ingest
 from contextlog.worker.ingest.streams import Streams
 from contextlog.worker.store.eventlog import EventLog, PostgresEventLog, bound_waits
-from contextlog.worker.tasks import idle
+from contextlog.worker.tasks import idle, retention
 from contextlog.worker.tasks.queue import SUMMARIES, Jobs
 from contextlog.worker.tasks.rqworker import ContextlogWorker
 from contextlog.worker.tasks.sweeper import Heartbeat, Loop
@@ -263,18 +263,23 @@ def worker_name(settings: Settings) -> str:
 
 
 def sweep_forever(settings: Settings, stop: threading.Event) -> None:
-    """The worker's reconciliation: at start, then every CONTEXTLOG_SWEEP_SECONDS, queue
-    again the summaries whose jobs were lost and re-arm the idle timers Redis lost
-    (Redis data loss, a worker that died in a job). No error ends it (see `Loop`)."""
+    """The worker's reconciliation and upkeep: at start, then every
+    CONTEXTLOG_SWEEP_SECONDS, queue again the summaries whose jobs were lost and re-arm the
+    idle timers Redis lost (Redis data loss, a worker that died in a job), index messages
+    stored before search existed, and apply the retention policy. No error ends it (see
+    `Loop`)."""
     res = resources()
     client = queue_client(settings)
     jobs = relay(settings, queue=client).jobs
+    connect = pg_connector(settings)
 
     def cycle() -> None:
         if n := jobs.requeue_pending(res.reader, res.clock.now(), SUMMARY_GRACE_S):
             log.info("lost summary jobs queued again", count=n)
         if n := idle.sweep(res.reader, res.timers, res.clock.now()):
             log.info("idle timers re-armed", count=n)
+        retention.backfill_step(connect)
+        retention.run_step(settings, connect, res.producer, res.clock.now())
 
     beat = Heartbeat(client, worker_name(settings), settings.sweep_seconds)
     Loop("sweeper", cycle, settings.sweep_seconds, beat, res.clock, stop).run()

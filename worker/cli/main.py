@@ -127,6 +127,15 @@ def _print_status(status: Status) -> None:
         + (f" (oldest {oldest:.0f}s)" if oldest is not None else "")
         + f"   effects waiting: {status.effects_waiting}"
     )
+    if status.search_backfill_left:
+        console.print(f"search: {status.search_backfill_left} older events still to index")
+    if (r := status.retention) is not None:
+        state = "running" if r.finished_at is None else f"{r.started_at:%Y-%m-%d %H:%M:%S} UTC"
+        console.print(
+            f"retention: last step {state}: dropped {r.conversations} conversations "
+            f"({r.events} events), {r.expiring} told to expire sessions; waiting: "
+            f"{r.left_due} due, {r.pinned} held by a live session"
+        )
     for p in status.problems:
         console.print(Text.assemble(("unhealthy:", "red"), " ", p))
 
@@ -177,6 +186,14 @@ def _send(producer: Any, args: argparse.Namespace) -> str:
         eid = producer.purge_sessions(args.agent, args.channel, args.keep, **common)
     elif verb == "search":
         eid = producer.search(args.agent, args.channel, args.query, page=args.page, **common)
+    elif verb == "retention":
+        eid = producer.set_retention(
+            args.agent,
+            args.channel,
+            keep_log_days=args.keep_log_days,
+            keep_sessions_days=args.keep_sessions_days,
+            **common,
+        )
     else:
         eid = producer.configure(
             args.agent,
@@ -376,6 +393,17 @@ def _send_parser(sub: Any) -> None:
         found,
     ):
         cli_common.add_wait(answered)
+    r = verb("retention", "this conversation's retention, over its agent's policy")
+    r.add_argument(
+        "--keep-log-days",
+        type=non_negative,
+        help="keep its log N days after its last activity (0: its agent's policy)",
+    )
+    r.add_argument(
+        "--keep-sessions-days",
+        type=non_negative,
+        help="keep its saved sessions N days (0: its agent's policy)",
+    )
     c = verb("configure", "change conversation settings")
     c.add_argument("--rolling-window", type=_duration, help="history kept in context (e.g. 24h)")
     c.add_argument("--idle-timeout", type=_duration, help="silence before an auto-save (30m; 0)")

@@ -23,11 +23,12 @@ class Notice(msgspec.Struct, frozen=True, tag="notice"):
 
 
 class Summarize(msgspec.Struct, frozen=True, tag="summarize"):
-    """Queue the summary of a saved session."""
+    """Queue the summary of a saved session (`round`: its summary round, see 017)."""
 
     agent: str
     channel: str
     session_id: str
+    round: int = 0
 
 
 class Compact(msgspec.Struct, frozen=True, tag="compact"):

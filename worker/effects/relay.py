@@ -38,7 +38,7 @@ class Relay:
         """
         for x in effects:
             if isinstance(x, Summarize):
-                self.jobs.summarize(x.agent, x.channel, x.session_id)
+                self.jobs.summarize(x.agent, x.channel, x.session_id, x.round)
         compact = [(x.agent, x.channel) for x in effects if isinstance(x, Compact)]
         if compact:
             self.jobs.compact_many(compact)

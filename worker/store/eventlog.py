@@ -28,6 +28,7 @@ from contextlog.worker.ingest import attachments
 from contextlog.worker.ingest.rows import CopyText, guard_key, insert_params, row_of, unique
 from contextlog.worker.store import projection
 from contextlog.worker.store.handlers import COMMANDS, handle
+from contextlog.worker.store.locks import REBUILD_LOCK
 
 # The event id guard: the partitioned table's constraint and its partitions' (a unique
 # violation names the partition's), as migration 007 names them.
@@ -36,9 +37,11 @@ EVENT_ID_GUARD: Final = re.compile(r"events(_p\d+)?_event_id_key")
 # The SQLSTATE of `contextlog_fence` (008): `advance_checkpoint` fails with it when a newer
 # lease epoch wrote the shard, which rolls the batch back whole.
 FENCED: Final = "CL001"
+# The SQLSTATE of `contextlog_refs_logged` (017): an attachment the batch references was
+# deleted (an erase, retention) after ingest found it stored: the batch is rolled back and
+# its entries read again, which brings the bytes from Redis anew.
+ATTACHMENT_GONE: Final = "CL002"
 
-# Held exclusively by `contextlog rebuild`, shared by every ingest transaction.
-REBUILD_LOCK: Final = 0x72656275  # "rebu"
 
 IDLE: Final = TransactionStatus.IDLE
 
@@ -140,6 +143,8 @@ class PostgresEventLog:
         except psycopg.DatabaseError as e:
             if e.sqlstate == FENCED:
                 raise Fenced(f"shard {shard}: epoch {epoch} is older than the last writer's") from e
+            if e.sqlstate == ATTACHMENT_GONE:
+                raise Unavailable(f"shard {shard}: {e.diag.message_primary}; reading again") from e
             raise
 
     def epochs(self) -> dict[int, int]:
@@ -253,9 +258,10 @@ class PostgresEventLog:
                     query("count_checkpoint_events"),
                     {"shard": checkpoint["shard"], "events": len(fresh)},
                 )
-            effects = self._insert(cur, fresh) if fresh else []
+            # The bytes first: the events' references are checked against them (017).
             if any(a.blobs for a in fresh):
                 attachments.insert(cur, fresh)
+            effects = self._insert(cur, fresh) if fresh else []
             ids = self.outbox.keep(cur, effects)
         return len(fresh), effects, ids
 

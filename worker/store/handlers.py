@@ -21,7 +21,7 @@ from contextlog.schema import notices as nt
 from contextlog.schema.defaults import ConversationDefaults
 from contextlog.schema.queries import query
 from contextlog.worker.effects.kinds import Effect, Summarize
-from contextlog.worker.store import search, sessions
+from contextlog.worker.store import policy, search, sessions
 from contextlog.worker.store.replies import Cursor, notice, refused
 from contextlog.worker.store.replies import key as _key
 from contextlog.worker.store.replies import rows_as as _rows_as
@@ -63,8 +63,10 @@ def clear_segments(
     kind: str,
     note: str | None,
     note_session: str | None = None,
+    session: str | None = None,
 ) -> None:
-    """Every thread of the conversation starts an empty segment after `seq`."""
+    """Every thread of the conversation starts an empty segment after `seq` (`session`:
+    the restored session its note is about)."""
     params = {
         **_key(e),
         "seq": seq,
@@ -72,6 +74,7 @@ def clear_segments(
         "kind": kind,
         "note": note,
         "note_session": note_session,
+        "session": session,
     }
     cur.execute(query("clear_segments"), params)
 
@@ -92,7 +95,7 @@ def on_save(
         at,
         rows,
         description=e.description,
-        base=None,
+        base=_kept_id(e),
         first=first,
         auto=e.auto,
         extra={"provider": e.provider, "model": e.model},
@@ -155,6 +158,12 @@ def create_session(
     return effects
 
 
+def _kept_id(e: ev.Event) -> str | None:
+    """The id a session had when an erase redacted what it was made from (its first
+    message, its description): a replay of the redacted log gives it that id again."""
+    return e.erased.session_id if e.erased is not None else None
+
+
 def _find(cur: Cursor, e: ev.Event, ref: str) -> FoundSession | str:
     """This conversation's live session `ref` (or the newest for "last"), or why not."""
     found = _rows_as(cur, FoundSession)
@@ -185,7 +194,7 @@ def on_restore(
     cur.execute(query("restore_conversation"), params)
     created = cur.execute(query("session_created"), params).fetchone()
     note = sessions.restore_note(sid, created[0] if created else None, found.summary)
-    clear_segments(cur, e, seq, at, "restore", note, None if found.summary else sid)
+    clear_segments(cur, e, seq, at, "restore", note, None if found.summary else sid, sid)
     budget = cur.execute(query("conversation_budget"), {**_key(e), "default": d.token_budget})
     (limit,) = budget.fetchone() or (d.token_budget,)
     by_thread = _restored_by_thread(cur, params)
@@ -249,9 +258,13 @@ def on_summary(
         "summary": e.summary,
         "local": e.local,
         "failed": e.failed,
+        "round": e.round,
     }
     row = cur.execute(query("set_summary"), params).fetchone()
     if row is None:
+        if cur.execute(query("stale_summary"), params).fetchone() is not None:
+            # Written before an erase touched the session's messages: it may tell them.
+            cur.execute(query("blank_summary"), {**_key(e), "seq": seq})
         return []  # a session that is gone or already summarised
     if not e.failed:
         text = f"The summary of the resumed session {e.session_id}: {e.summary}"
@@ -279,6 +292,8 @@ def on_compaction(
     key = {**_key(e), "thread": e.thread or ""}
     found = cur.execute(query("segment_of"), key).fetchone()
     if found is None or e.through_seq == 0 or not _current(cur, e, found[0]):
+        # Never used, and it may tell messages erased since the job read them.
+        cur.execute(query("blank_summary"), {**_key(e), "seq": seq})
         return []
     if ev.given(e.block):
         block = bytes(e.block).decode()
@@ -346,7 +361,7 @@ def on_import(
     if len(found) != e.message_count:
         return refused(e, f"import incomplete: {len(found)} of {e.message_count} messages arrived")
     rows = found[::-1]  # oldest first, as save_window's
-    base = e.session_id if sessions.SESSION_ID.match(e.session_id) else None
+    base = _kept_id(e) or (e.session_id if sessions.SESSION_ID.match(e.session_id) else None)
     return create_session(
         cur,
         e,
@@ -375,6 +390,8 @@ HANDLERS: dict[type, Handler] = {
     ev.SessionImported: on_import,
     ev.FrameSet: on_frame,
     ev.SearchRequested: search.on_search,
+    ev.RetentionSet: policy.on_retention_set,
+    ev.SessionsExpired: policy.on_sessions_expired,
 }
 # The kinds after which ingest splits a batch (they read the projections as of themselves).
 COMMANDS = frozenset(ev.TAGS[cls] for cls in HANDLERS)

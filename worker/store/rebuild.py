@@ -13,8 +13,8 @@ from contextlog.schema import codec
 from contextlog.schema.defaults import ConversationDefaults
 from contextlog.schema.queries import query
 from contextlog.worker.store import projection
-from contextlog.worker.store.eventlog import REBUILD_LOCK
 from contextlog.worker.store.handlers import ANSWERS, COMMANDS, handle
+from contextlog.worker.store.locks import REBUILD_LOCK
 from contextlog.worker.store.projection import CONFIGURE
 from contextlog.worker.store.search import reindex
 
