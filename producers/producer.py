@@ -12,9 +12,9 @@ import redis
 
 from contextlog.producers import connection
 from contextlog.producers.commands import Batch, Commands, Encoder, Prepared, utcnow
-from contextlog.schema import attachments, codec, keys
+from contextlog.schema import attachments, codec, erasure, keys
 from contextlog.schema import events as ev
-from contextlog.schema.errors import Unavailable
+from contextlog.schema.errors import EventRejected, Unavailable
 
 
 def _one_shard(prepared: list[Prepared]) -> None:
@@ -102,6 +102,27 @@ class _Base:
     def _new_batch(self) -> Batch:
         return Batch(self.encoder, self.clock)
 
+    def _erase_events(
+        self,
+        agent: str,
+        channel: str | None,
+        sender: str | None,
+        session_id: str | None,
+        source: str | None,
+    ) -> list[ev.EraseRequested]:
+        try:
+            return erasure.request(
+                agent,
+                shards=self.encoder.shards,
+                now=self.clock(),
+                channel=channel,
+                sender=sender,
+                session_id=session_id,
+                source=source,
+            )
+        except ValueError as e:
+            raise EventRejected(codec.INVALID, f"erase: {e}") from None
+
 
 class Producer(_Base, Commands[str]):
     """Synchronous producer: every call is one XADD and returns the event id."""
@@ -147,6 +168,24 @@ class Producer(_Base, Commands[str]):
             raise Unavailable(f"could not push to Redis: {e}") from e
         return [p.event_id for p in prepared]
 
+    def erase(
+        self,
+        agent: str,
+        *,
+        channel: str | None = None,
+        sender: str | None = None,
+        session_id: str | None = None,
+        source: str | None = None,
+    ) -> list[str]:
+        """Erase a conversation (`channel`), one session's messages (`channel` and
+        `session_id`) or everything of a sender across the agent's conversations
+        (`sender`) from the log, its projections, search and Redis: `erase.v1` events
+        naming the subject by hash only (one per shard for a sender), applied by ingest in
+        order. Returns their ids; `source` hears `erase_done` for each. An operator's
+        call (the README's "Erase" says what it reaches and what it cannot)."""
+        events = self._erase_events(agent, channel, sender, session_id, source)
+        return self.push_many(events)
+
     def close(self) -> None:
         """Close the Redis connections."""
         self.redis.close()
@@ -190,6 +229,19 @@ class AsyncProducer(_Base, Commands[Any]):
         except redis.RedisError as e:
             raise Unavailable(f"could not push to Redis: {e}") from e
         return [p.event_id for p in prepared]
+
+    async def erase(
+        self,
+        agent: str,
+        *,
+        channel: str | None = None,
+        sender: str | None = None,
+        session_id: str | None = None,
+        source: str | None = None,
+    ) -> list[str]:
+        """`Producer.erase`, for asyncio."""
+        events = self._erase_events(agent, channel, sender, session_id, source)
+        return await self.push_many(events)
 
     async def aclose(self) -> None:
         """Close the Redis connections."""

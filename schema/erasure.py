@@ -17,12 +17,15 @@ thinking.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
+import uuid
 import zlib
 from collections.abc import Mapping
 from typing import Any, Final
 
 from contextlog.schema.blocks import COMPACTION
+from contextlog.schema.events import EraseRequested, EraseScope
 
 ERASED_TEXT: Final = "[erased]"
 # The prefix of the channel that holds a shard's erase events (`erase_channel`).
@@ -121,21 +124,26 @@ def redact_content(content: Any) -> Any:
     return kept
 
 
-# Fields of an event's payload that carry what a person said or typed (beyond `content`).
-FREE_TEXT: Final = ("description", "query", "summary")
+# Fields of an event's payload that carry what a person said or typed (beyond `content`):
+# removed where the contract lets them be absent, else filler of the same length.
+OPTIONAL_TEXT: Final = ("description",)
+REQUIRED_TEXT: Final = ("query", "summary")
 # Fields that are only provenance and may name the person: removed.
 PERSONAL: Final = ("sender", "external_id")
 
 
 def redact_payload(payload: Mapping[str, Any], erase_id: str) -> dict[str, Any]:
     """An event's stored payload, erased: content redacted, free text and the sender
-    removed (a summary replaced by same-length filler), `erased` set. Idempotent."""
+    removed (a summary or a query: filler of the same length), `erased` set. Idempotent."""
     out = {k: v for k, v in payload.items() if k not in PERSONAL}
     if "content" in out:
         out["content"] = redact_content(out["content"])
-    for name in FREE_TEXT:
+    for name in OPTIONAL_TEXT:
         if isinstance(out.get(name), str):
-            out[name] = filler(out[name]) if name == "summary" else None
+            out[name] = None
+    for name in REQUIRED_TEXT:
+        if isinstance(out.get(name), str):
+            out[name] = filler(out[name])
     if isinstance(out.get("block"), Mapping):
         out["block"] = redact_block(out["block"])
     out = {k: v for k, v in out.items() if v is not None or k == "content"}
@@ -143,3 +151,65 @@ def redact_payload(payload: Mapping[str, Any], erase_id: str) -> dict[str, Any]:
     mark.setdefault("erase_id", erase_id)
     out["erased"] = mark
     return out
+
+
+# The namespace of the event ids of an erase request's events (one per shard it goes to).
+NAMESPACE: Final = uuid.UUID("2f7d3a51-6c0e-4a55-8c43-0d9a1e6b7c20")
+
+
+def request(
+    agent: str,
+    *,
+    shards: int,
+    now: dt.datetime,
+    channel: str | None = None,
+    sender: str | None = None,
+    session_id: str | None = None,
+    source: str | None = None,
+    erase_id: uuid.UUID | None = None,
+) -> list[EraseRequested]:
+    """The events of one erase: a conversation (`channel`), a session of it (`channel` and
+    `session_id`) or a sender across the agent's conversations (`sender`: one event per
+    shard). Each goes to its shard's erase channel, and its id derives from the erase's,
+    so sending the request again stores nothing twice. Bad combinations: `ValueError`."""
+    scope, subject, session = _subject(agent, channel, sender, session_id)
+    erase = erase_id or uuid.uuid4()
+    if scope == "sender":
+        wanted = list(range(shards))
+    else:
+        assert channel is not None
+        wanted = [shard_of(agent, channel, shards)]
+    return [
+        EraseRequested(
+            event_id=uuid.uuid5(NAMESPACE, f"{erase}:{shard}"),
+            agent=agent,
+            channel=erase_channel(agent, shard, shards),
+            source=source,
+            occurred_at=now,
+            erase_id=erase,
+            scope=scope,
+            subject=subject,
+            session=session,
+            shard=shard,
+            shards=shards,
+        )
+        for shard in wanted
+    ]
+
+
+def _subject(
+    agent: str, channel: str | None, sender: str | None, session_id: str | None
+) -> tuple[EraseScope, str, str | None]:
+    if sender is not None:
+        if channel is not None or session_id is not None:
+            raise ValueError("erase a sender across the agent's conversations: give no channel")
+        return "sender", subject_hash(agent, "sender", sender), None
+    if channel is None:
+        raise ValueError("erase what: give a channel (and a session id) or a sender")
+    if session_id is not None:
+        return (
+            "session",
+            subject_hash(agent, "channel", channel),
+            subject_hash(agent, "session", session_id),
+        )
+    return "conversation", subject_hash(agent, "channel", channel), None

@@ -102,6 +102,9 @@ CREATE TABLE IF NOT EXISTS exports (
     session_id text        NOT NULL,
     sha256     bytea       NOT NULL,
     written_at timestamptz NOT NULL DEFAULT now(),
+    -- Set by an erase that reached the session (its names blanked): the file waits for
+    -- `contextlog erase` on its host to delete it.
+    erased_at  timestamptz,
     PRIMARY KEY (host, path)
 );
 CREATE INDEX IF NOT EXISTS exports_session_idx ON exports (agent, channel, session_id);

@@ -28,6 +28,7 @@ from contextlog.worker.app.clock import Clock, SystemClock
 from contextlog.worker.app.config import Settings
 from contextlog.worker.effects.notify import RedisNotifier
 from contextlog.worker.effects.relay import Relay
+from contextlog.worker.effects.scrub import Scrubber
 from contextlog.worker.ingest.loop import Ingest
 from contextlog.worker.ingest.streams import Streams
 from contextlog.worker.store.eventlog import EventLog, PostgresEventLog, bound_waits
@@ -84,7 +85,12 @@ def relay(
     client = client or redis_client(settings)
     queue = queue or queue_client(settings)
     timeout = int(settings.summary_timeout * settings.summary_attempts * 2) + 60
-    return Relay(RedisNotifier(client), Jobs(queue, job_timeout=timeout), Timers(queue))
+    return Relay(
+        RedisNotifier(client),
+        Jobs(queue, job_timeout=timeout),
+        Timers(queue),
+        scrubber=Scrubber(client, queue),
+    )
 
 
 def open_event_log(

@@ -28,6 +28,7 @@ from contextlog.worker.app.clock import SystemClock
 from contextlog.worker.app.config import Settings
 from contextlog.worker.cli import answers
 from contextlog.worker.cli import common as cli_common
+from contextlog.worker.cli import erase as cli_erase
 from contextlog.worker.cli import search as cli_search
 from contextlog.worker.cli import sessions as cli_sessions
 from contextlog.worker.cli.common import (
@@ -436,6 +437,7 @@ def parser() -> argparse.ArgumentParser:
     ret.add_argument("--restore", metavar="FILE", help="put an archive back, then rebuild")
     cli_sessions.add_parsers(sub)
     cli_search.add_parser(sub)
+    cli_erase.add_parser(sub)
     return p
 
 
@@ -451,6 +453,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "retire": cmd_retire,
     **cli_sessions.COMMANDS,
     **cli_search.COMMANDS,
+    **cli_erase.COMMANDS,
 }
 
 

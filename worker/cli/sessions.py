@@ -18,6 +18,7 @@ from contextlog.worker.app.clock import SystemClock
 from contextlog.worker.app.config import Settings
 from contextlog.worker.cli import answers, dashboard
 from contextlog.worker.cli import common as cli_common
+from contextlog.worker.cli import erase as cli_erase
 from contextlog.worker.cli.common import console, positive
 from contextlog.worker.store import archive
 
@@ -79,6 +80,9 @@ def cmd_export(settings: Settings, args: argparse.Namespace) -> int:
         archive.target(Path.cwd(), info.session_id, output),
         overwrite=args.force,
     )
+    # Recorded, so that an erase that reaches the session deletes the file here.
+    with cli_common.pg_connect(settings) as conn:
+        cli_erase.record_export(conn, path, info.agent, info.channel, info.session_id)
     print(path)
     return 0
 

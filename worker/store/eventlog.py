@@ -27,7 +27,7 @@ from contextlog.worker.effects.relay import Relay
 from contextlog.worker.ingest import attachments
 from contextlog.worker.ingest.rows import CopyText, guard_key, insert_params, row_of, unique
 from contextlog.worker.store import projection
-from contextlog.worker.store.handlers import COMMANDS, handle
+from contextlog.worker.store.handlers import BARRIERS, COMMANDS, handle
 from contextlog.worker.store.locks import REBUILD_LOCK
 
 # The event id guard: the partitioned table's constraint and its partitions' (a unique
@@ -287,7 +287,7 @@ class PostgresEventLog:
         at = self.now()
         with_rows = [(a, row_of(a.event, at)) for a in fresh]
         for segment in projection.rounds(
-            with_rows, _row_conversation, _row_is_command, _row_is_setting
+            with_rows, _row_conversation, _row_is_command, _row_is_setting, _row_is_barrier
         ):
             rows = [row for _, row in segment]
             convs, threads = projection.fold(rows)
@@ -367,6 +367,10 @@ def _row_is_command(item: tuple[Accepted, projection.Row]) -> bool:
 
 def _row_is_setting(item: tuple[Accepted, projection.Row]) -> bool:
     return item[1].kind == projection.CONFIGURE
+
+
+def _row_is_barrier(item: tuple[Accepted, projection.Row]) -> bool:
+    return item[1].kind in BARRIERS
 
 
 class MemoryEventLog:

@@ -21,7 +21,7 @@ from contextlog.schema import notices as nt
 from contextlog.schema.defaults import ConversationDefaults
 from contextlog.schema.queries import query
 from contextlog.worker.effects.kinds import Effect, Summarize
-from contextlog.worker.store import policy, search, sessions
+from contextlog.worker.store import erase, policy, search, sessions
 from contextlog.worker.store.replies import Cursor, notice, refused
 from contextlog.worker.store.replies import key as _key
 from contextlog.worker.store.replies import rows_as as _rows_as
@@ -392,11 +392,15 @@ HANDLERS: dict[type, Handler] = {
     ev.SearchRequested: search.on_search,
     ev.RetentionSet: policy.on_retention_set,
     ev.SessionsExpired: policy.on_sessions_expired,
+    ev.EraseRequested: erase.on_erase,
 }
 # The kinds after which ingest splits a batch (they read the projections as of themselves).
 COMMANDS = frozenset(ev.TAGS[cls] for cls in HANDLERS)
 # Commands that only answer (change no projection): a rebuild does not run them again.
 ANSWERS = frozenset({ev.TAGS[ev.SearchRequested]})
+# Commands that reach other conversations than their own: each is a round alone
+# (`projection.rounds`), so live ingest and a replay apply it to the same log.
+BARRIERS = frozenset({ev.TAGS[ev.EraseRequested]})
 
 
 def handle(

@@ -13,7 +13,7 @@ from contextlog.schema import codec
 from contextlog.schema.defaults import ConversationDefaults
 from contextlog.schema.queries import query
 from contextlog.worker.store import projection
-from contextlog.worker.store.handlers import ANSWERS, COMMANDS, handle
+from contextlog.worker.store.handlers import ANSWERS, BARRIERS, COMMANDS, handle
 from contextlog.worker.store.locks import REBUILD_LOCK
 from contextlog.worker.store.projection import CONFIGURE
 from contextlog.worker.store.search import reindex
@@ -59,7 +59,7 @@ def _replay(
 ) -> None:
     """Fold a chunk round by round, applying the commands as live ingest does."""
     events, commands = _replayed(rows)
-    for segment in projection.rounds(events, _conversation, _is_command, _is_setting):
+    for segment in projection.rounds(events, _conversation, _is_command, _is_setting, _is_barrier):
         convs, threads = projection.fold(segment)
         projection.apply(cur, convs, threads, d)
         projection.segments(cur, convs, threads, d)
@@ -92,6 +92,10 @@ def _conversation(row: projection.Row) -> tuple[str, str]:
 
 def _is_command(row: projection.Row) -> bool:
     return row.kind in REPLAYED
+
+
+def _is_barrier(row: projection.Row) -> bool:
+    return row.kind in BARRIERS
 
 
 def _is_setting(row: projection.Row) -> bool:
