@@ -25,6 +25,7 @@ from contextlog.schema import events as ev
 from contextlog.schema import notices as nt
 from contextlog.schema.defaults import ConversationDefaults
 from contextlog.worker.cli import main as cli
+from contextlog.worker.ingest.streams import Streams
 from contextlog.worker.store.eventlog import Accepted
 from contextlog.worker.store.rebuild import rebuild
 from tests.support import canary, snapshots
@@ -318,3 +319,19 @@ def test_the_log_and_python_fill_alike(db: str, text: str) -> None:
     with psycopg.connect(db) as conn:
         row = conn.execute("SELECT contextlog_filler(%s)", (text,)).fetchone()
     assert row == (erasure.filler(text),)
+
+
+def test_entries_deleted_while_pending_are_acknowledged_not_held(rds: redis.Redis) -> None:
+    """A scrub deletes the subject's stored entries before ingest acknowledges them; a
+    crash there leaves their ids pending: the next reading acknowledges them, so the trim
+    is not held back for ever."""
+    streams = Streams(rds, "ingest-a")  # type: ignore[arg-type]
+    streams.ensure_group(0)
+    ids = [rds.xadd(keys.stream(0), {codec.ENTRY_FIELD: b"{}"}).decode() for _ in range(3)]
+    assert len(streams.read_new([0], 10, 10)[0]) == 3
+    rds.xdel(keys.stream(0), ids[1])
+    assert [i for i, _ in streams.read_own_pending(0)] == [ids[0], ids[2]]
+    assert rds.xpending(keys.stream(0), keys.INGEST_GROUP)["pending"] == 2
+    rds.xdel(keys.stream(0), ids[0])
+    assert [i for i, _ in streams.reload_own_pending(0)] == [ids[2]]
+    assert rds.xpending(keys.stream(0), keys.INGEST_GROUP)["pending"] == 1
