@@ -122,6 +122,39 @@ RETURNS tsvector LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
                               contextlog_search_spaced(contextlog_search_text(payload))), '')
 $$;
 
+-- A search's query for the planner: `to_tsquery` with each prefix operand ('roll':*) also
+-- spelled out as the most common words of the index that start with it, which it matches
+-- anyway (`( 'roll':* | 'rollback' | 'rolled' )`: the same messages). Postgres estimates
+-- a prefix as rare whatever it is, and then reads every match of a common one (`sched*`:
+-- 30 ms at 200k events, growing with the log) where the newest-first scan stops after a
+-- page's worth; with the common words in it, the estimate tells the two apart. IMMUTABLE
+-- on purpose, though it reads pg_stats: so it is folded into the plan as a constant (its
+-- answer only ever adds words the prefix already matches, so a stale one is harmless).
+CREATE OR REPLACE FUNCTION contextlog_search_query(query text)
+RETURNS tsquery LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    q text := to_tsquery('contextlog_search', query)::text;
+    quoted text;
+    words text;
+BEGIN
+    -- Each prefix operand as the canonical text writes it: 'lexeme':* (quotes doubled).
+    FOR quoted IN SELECT DISTINCT m[1] FROM regexp_matches(q, '(''(?:[^'']|'''')+'')(?=:\*)', 'g') m
+    LOOP
+        SELECT string_agg(quote_literal(w), ' | ') INTO words FROM (
+            SELECT w FROM pg_stats st, unnest(st.most_common_elems::text::text[]) w
+            WHERE st.schemaname = current_schema() AND st.tablename = 'search_messages'
+              AND st.attname = 'words'
+              AND starts_with(w, replace(substr(quoted, 2, length(quoted) - 2), '''''', ''''))
+              AND w <> replace(substr(quoted, 2, length(quoted) - 2), '''''', '''')
+            ORDER BY w LIMIT 16) common;
+        IF words IS NOT NULL THEN
+            q := replace(q, quoted || ':*', '( ' || quoted || ':* | ' || words || ' )');
+        END IF;
+    END LOOP;
+    RETURN q::tsquery;
+END
+$$;
+
 CREATE TABLE IF NOT EXISTS search_messages (
     agent       text        NOT NULL,
     channel     text        NOT NULL,

@@ -9,13 +9,14 @@
 -- kana character is).
 -- Run unprepared (a custom plan): the planner then sees the query's words and picks the
 -- words index for a rare one, the newest-first scan for a common one.
-WITH q AS MATERIALIZED (
-    SELECT to_tsquery('contextlog_search', %(tsquery)s) AS q
-), found AS MATERIALIZED (
+WITH found AS MATERIALIZED (
+    -- The query inline (immutable: folded to a constant), so the planner weighs its
+    -- words (a CTE of it would hide them), with its prefixes spelled out (016).
     SELECT s.agent, s.channel, s.seq, s.thread, s.position, s.recorded_at, s.role,
-           s.sender, ts_rank_cd(s.words, q.q, 1) AS rank
-    FROM search_messages s, q
-    WHERE s.agent = %(agent)s AND s.words @@ q.q
+           s.sender,
+           ts_rank_cd(s.words, contextlog_search_query(%(tsquery)s), 1) AS rank
+    FROM search_messages s
+    WHERE s.agent = %(agent)s AND s.words @@ contextlog_search_query(%(tsquery)s)
       AND (%(channel)s::text IS NULL OR s.channel = %(channel)s::text)
       AND (%(thread)s::text IS NULL OR s.thread = %(thread)s::text)
       AND (%(sender)s::text IS NULL OR s.sender = %(sender)s::text)
@@ -32,7 +33,8 @@ SELECT p.agent, p.channel, p.thread, p.seq, e.event_id, p.recorded_at AS at,
        coalesce((e.payload->>'original_at')::timestamptz, e.occurred_at) AS occurred_at,
        p.sender, p.role, p.rank,
        ts_headline('contextlog_search',
-                   contextlog_search_spaced(contextlog_search_text(e.payload)), q.q,
+                   contextlog_search_spaced(contextlog_search_text(e.payload)),
+                   to_tsquery('contextlog_search', %(tsquery)s),
                    'StartSel=**, StopSel=**, MaxWords=24, MinWords=8, ShortWord=0, '
                    'MaxFragments=2, FragmentDelimiter=" … "') AS snippet,
        array(SELECT ss.session_id FROM sessions ss
@@ -42,7 +44,6 @@ SELECT p.agent, p.channel, p.thread, p.seq, e.event_id, p.recorded_at AS at,
        m.matches
 -- One row with `matches` even when the page is past the last hit (its other columns NULL).
 FROM (SELECT count(*) AS matches FROM found) m
-CROSS JOIN q
 LEFT JOIN (page p JOIN events e ON e.agent = p.agent AND e.channel = p.channel
                                 AND e.seq = p.seq) ON true
 ORDER BY p.rank DESC, p.recorded_at DESC, p.position DESC;

@@ -23,12 +23,14 @@ from tests.bench import (
     cache,
     cluster,
     context,
+    erase,
     idle,
     ingest,
     peers,
     replica,
     report,
     scale,
+    search,
     sessions,
 )
 from tests.bench.harness import BenchEnv, BenchError, Benchmark, Result
@@ -48,6 +50,9 @@ BENCHMARKS: dict[str, Benchmark] = {
     "peers": peers.run,
     "replica": replica.run,
     "scale": scale.run,
+    "search": search.run,
+    "search_ingest": search.run_ingest,
+    "erase": erase.run,
 }
 
 
