@@ -15,6 +15,7 @@ from contextlog.schema.errors import EventRejected, EventTooLarge
 from contextlog.schema.events import (
     NAMES_OF,
     AnyEvent,
+    EraseRequested,
     Event,
     FrameSet,
     MessageImported,
@@ -163,6 +164,15 @@ def _check_time(name: str, at: dt.datetime | None) -> None:
         )
 
 
+def _check_erase(event: EraseRequested) -> None:
+    if event.shard >= event.shards:
+        raise EventRejected(INVALID, f"shard {event.shard} of {event.shards} - at `$.shard`")
+    if (event.scope == "session") != (event.session is not None):
+        raise EventRejected(
+            INVALID, "a session's erase names the session, no other does - at `$.session`"
+        )
+
+
 def _check_semantics(event: AnyEvent) -> None:
     """Rules msgspec's type system cannot say: names without control characters, times
     in range, and each content block valid for its type (`schema.blocks`)."""
@@ -172,6 +182,8 @@ def _check_semantics(event: AnyEvent) -> None:
         raise EventRejected(INVALID, "`erased` is written by ingest only - at `$.erased`")
     if isinstance(event, SearchRequested) and (why := search.check(event.query)):
         raise EventRejected(INVALID, f"{why} - at `$.query`")
+    if isinstance(event, EraseRequested):
+        _check_erase(event)
     try:
         if isinstance(event, FrameSet):
             blocks.check_frame(event.system, event.tools)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from contextlog.producers.context import Segment, build_context, clean_start
 from contextlog.schema import codec, erasure
 from contextlog.schema import events as ev
+from contextlog.schema.errors import EventRejected
 from tests.support import properties
 from tests.support.anthropic_rules import check_messages
 from tests.support.blocks import conversation
@@ -155,3 +156,25 @@ def test_a_request_names_its_subject_by_hash_on_the_right_shards() -> None:
         erasure.request("bot", shards=4, now=T0, sender="ann", channel="c")
     with pytest.raises(ValueError, match="give a channel"):
         erasure.request("bot", shards=4, now=T0)
+
+
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        ({"scope": "sender", "shard": 4, "shards": 4}, "shard 4 of 4"),
+        ({"scope": "session", "shard": 0, "shards": 4}, "names the session"),
+        ({"scope": "sender", "shard": 0, "shards": 4, "session": "ab" * 32}, "names the session"),
+    ],
+)
+def test_an_erase_that_could_not_be_applied_is_refused(fields: dict[str, Any], why: str) -> None:
+    e = ev.EraseRequested(
+        event_id=uuid.UUID(int=1),
+        agent="a",
+        channel="contextlog:erase:0",
+        occurred_at=T0,
+        erase_id=uuid.UUID(int=2),
+        subject="cd" * 32,
+        **fields,
+    )
+    with pytest.raises(EventRejected, match=why):
+        codec.decode(codec.encode(e))

@@ -53,7 +53,11 @@ SEARCH_BACKFILL = Gauge(
     "contextlog_search_backfill_left",
     "Events stored before search existed that are not indexed yet (the sweeper indexes them)",
 )
-ERASED = Counter("contextlog_erased_events", "Events an erase redacted or removed", ["scope"])
+ERASED = Counter(
+    "contextlog_erased_events",
+    "Events an erase redacted, dropped or blanked (counted when its Redis scrub ran)",
+    ["scope"],
+)
 
 
 def serve(port: int | None, bind: str = "127.0.0.1") -> None:

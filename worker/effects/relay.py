@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from contextlog.schema import notices as nt
 from contextlog.schema.errors import Unavailable
+from contextlog.worker.app import metrics
 from contextlog.worker.app.clock import Clock, SystemClock
 from contextlog.worker.effects.kinds import Arm, Compact, Effect, Notice, Scrub, Summarize
 from contextlog.worker.effects.notify import Notifier
@@ -58,4 +59,5 @@ class Relay:
                 if self.scrubber is None:
                     raise Unavailable("no Redis scrubber here: the erase's scrub waits")
                 self.scrubber.scrub(x)
+                metrics.ERASED.labels(x.scope).inc(len(x.event_ids))
         self.notifier.publish(notices)
