@@ -392,7 +392,11 @@ class ContextReader(_Reader):
             per_page=per_page,
         )
         rows = self._read(lambda conn: _send_hits(conn, params))
-        return found.to_page(query, rows, page, per_page)
+        details: list[found.DetailRow] = []
+        if hits := found.hits_of(rows):
+            more = found.details_params(params, hits)
+            details = self._read(lambda conn: _send_details(conn, more))
+        return found.to_page(query, rows, details, page, per_page)
 
     def _session(
         self, session_id: str, agent: str | None, channel: str | None
@@ -566,7 +570,11 @@ class AsyncContextReader(_Reader):
             per_page=per_page,
         )
         rows = await self._read(lambda conn: _asend_hits(conn, params))
-        return found.to_page(query, rows, page, per_page)
+        details: list[found.DetailRow] = []
+        if hits := found.hits_of(rows):
+            more = found.details_params(params, hits)
+            details = await self._read(lambda conn: _asend_details(conn, more))
+        return found.to_page(query, rows, details, page, per_page)
 
     async def _read(self, send: ASend[T]) -> T:
         """`ContextReader._read`, for asyncio."""
@@ -626,18 +634,36 @@ async def _aconfigure(conn: Any) -> None:
 
 
 def _send_hits(conn: Any, params: dict[str, Any]) -> Callable[[], list[found.HitRow]]:
-    """Queue a search page (unprepared: a custom plan for the query's words)."""
-    cur = conn.cursor(row_factory=class_row(found.HitRow))
+    """Queue a search page. Its values are bound in the statement's text (a client-side
+    cursor): the planner then sees the query's words and plans for them, which no server
+    parameter allows here (the reader's connections plan every statement generically)."""
+    cur = psycopg.ClientCursor(conn, row_factory=class_row(found.HitRow))
     cur.execute(query("search_messages"), params, prepare=False)
-    return cur.fetchall  # type: ignore[no-any-return]
+    return cur.fetchall
 
 
 async def _asend_hits(
     conn: Any, params: dict[str, Any]
 ) -> Callable[[], Awaitable[list[found.HitRow]]]:
     """`_send_hits` on an asyncio connection."""
-    cur = conn.cursor(row_factory=class_row(found.HitRow))
+    cur = psycopg.AsyncClientCursor(conn, row_factory=class_row(found.HitRow))
     await cur.execute(query("search_messages"), params, prepare=False)
+    return cur.fetchall
+
+
+def _send_details(conn: Any, params: dict[str, Any]) -> Callable[[], list[found.DetailRow]]:
+    """Queue what a page's hits show (prepared, as psycopg prepares a repeated query)."""
+    cur = conn.cursor(row_factory=class_row(found.DetailRow))
+    cur.execute(query("search_details"), params)
+    return cur.fetchall  # type: ignore[no-any-return]
+
+
+async def _asend_details(
+    conn: Any, params: dict[str, Any]
+) -> Callable[[], Awaitable[list[found.DetailRow]]]:
+    """`_send_details` on an asyncio connection."""
+    cur = conn.cursor(row_factory=class_row(found.DetailRow))
+    await cur.execute(query("search_details"), params)
     return cur.fetchall  # type: ignore[no-any-return]
 
 

@@ -84,15 +84,21 @@ class HitRow:
     channel: str
     thread: str
     seq: int
-    event_id: Any
     at: dt.datetime
-    occurred_at: dt.datetime
     sender: str | None
     role: str
     rank: float
+    matches: int
+
+
+@dataclass(frozen=True)
+class DetailRow:
+    """A row of the `search_details` query: what a hit shows."""
+
+    event_id: Any
+    occurred_at: dt.datetime
     snippet: str | None
     sessions: list[str]
-    matches: int
 
 
 def params(
@@ -146,25 +152,45 @@ def snippet(text: str | None) -> str:
     return _SPACE.sub(" ", text).strip()
 
 
-def to_page(query: str, rows: Sequence[HitRow], page: int, per_page: int) -> SearchPage:
-    """The page of hits the `search_messages` query returned."""
+def hits_of(rows: Sequence[HitRow]) -> list[HitRow]:
+    """The page's hits (none when the page is past the last one)."""
+    return [r for r in rows if r.agent is not None]
+
+
+def details_params(params: dict[str, Any], hits: Sequence[HitRow]) -> dict[str, Any]:
+    """The parameters of `search_details` for a page's hits."""
+    return {
+        "agent": params["agent"],
+        "tsquery": params["tsquery"],
+        "channels": [h.channel for h in hits],
+        "seqs": [h.seq for h in hits],
+    }
+
+
+def to_page(
+    query: str,
+    rows: Sequence[HitRow],
+    details: Sequence[DetailRow],
+    page: int,
+    per_page: int,
+) -> SearchPage:
+    """The page of hits the `search_messages` and `search_details` queries returned."""
     hits = [
         SearchHit(
             agent=str(r.agent),
             channel=r.channel,
             thread=r.thread,
             seq=int(r.seq),
-            event_id=str(r.event_id),
+            event_id=str(d.event_id),
             at=r.at,
-            occurred_at=r.occurred_at,
+            occurred_at=d.occurred_at,
             sender=r.sender,
             role=r.role,
-            snippet=snippet(r.snippet),
-            sessions=list(r.sessions or ()),
+            snippet=snippet(d.snippet),
+            sessions=list(d.sessions or ()),
             rank=float(r.rank),
         )
-        for r in rows
-        if r.agent is not None
+        for r, d in zip(hits_of(rows), details, strict=True)
     ]
     total = int(rows[0].matches) if rows else 0
     return SearchPage(query, hits, page, per_page, total)

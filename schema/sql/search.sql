@@ -4,11 +4,10 @@
 -- One page of an agent's matches. The newest %(window)s matches (a common word in a large
 -- log: the newest, found without reading every match) are ranked by cover density
 -- (words together and close rank higher; long messages are not favoured), newest first
--- among equals. `matches` counts the window; the snippet marks the words found with **
--- (ShortWord=0: a fragment may start or end on a one-character word, which every Han or
--- kana character is).
--- Run unprepared (a custom plan): the planner then sees the query's words and picks the
--- words index for a rare one, the newest-first scan for a common one.
+-- among equals; `matches` counts them (a row with it alone when the page is past the
+-- last hit). Run unprepared, so that the planner sees the query's words: the words index
+-- for a rare one, the newest-first scan for a common one. What the page's rows show is
+-- read next (`search_details`), by a statement that is planned once.
 WITH found AS MATERIALIZED (
     -- The query inline (immutable: folded to a constant), so the planner weighs its
     -- words (a CTE of it would hide them), with its prefixes spelled out (016).
@@ -29,24 +28,31 @@ WITH found AS MATERIALIZED (
     ORDER BY rank DESC, recorded_at DESC, position DESC
     LIMIT %(limit)s OFFSET %(offset)s
 )
-SELECT p.agent, p.channel, p.thread, p.seq, e.event_id, p.recorded_at AS at,
+SELECT p.agent, p.channel, p.thread, p.seq, p.recorded_at AS at, p.sender, p.role, p.rank,
+       m.matches
+FROM (SELECT count(*) AS matches FROM found) m
+LEFT JOIN page p ON true
+ORDER BY p.rank DESC, p.recorded_at DESC, p.position DESC;
+
+-- name: search_details
+-- What a page's hits show, in the page's order: the event id and time, the snippet (the
+-- words found between ** and **; ShortWord=0: a fragment may start or end on a
+-- one-character word, which every Han or kana character is) and the live sessions that
+-- hold each.
+SELECT e.event_id,
        coalesce((e.payload->>'original_at')::timestamptz, e.occurred_at) AS occurred_at,
-       p.sender, p.role, p.rank,
        ts_headline('contextlog_search',
                    contextlog_search_spaced(contextlog_search_text(e.payload)),
                    to_tsquery('contextlog_search', %(tsquery)s),
                    'StartSel=**, StopSel=**, MaxWords=24, MinWords=8, ShortWord=0, '
                    'MaxFragments=2, FragmentDelimiter=" … "') AS snippet,
        array(SELECT ss.session_id FROM sessions ss
-             WHERE ss.agent = p.agent AND ss.channel = p.channel AND ss.deleted_at IS NULL
-               AND p.seq = ANY(ss.seqs)
-             ORDER BY ss.seq) AS sessions,
-       m.matches
--- One row with `matches` even when the page is past the last hit (its other columns NULL).
-FROM (SELECT count(*) AS matches FROM found) m
-LEFT JOIN (page p JOIN events e ON e.agent = p.agent AND e.channel = p.channel
-                                AND e.seq = p.seq) ON true
-ORDER BY p.rank DESC, p.recorded_at DESC, p.position DESC;
+             WHERE ss.agent = e.agent AND ss.channel = e.channel AND ss.deleted_at IS NULL
+               AND e.seq = ANY(ss.seqs)
+             ORDER BY ss.seq) AS sessions
+FROM unnest(%(channels)s::text[], %(seqs)s::bigint[]) WITH ORDINALITY AS k(channel, seq, i)
+JOIN events e ON e.agent = %(agent)s AND e.channel = k.channel AND e.seq = k.seq
+ORDER BY k.i;
 
 -- name: search_backfill_step
 -- Index up to %(limit)s of the messages stored before migration 016, newest first (the

@@ -9,7 +9,7 @@ import datetime as dt
 from typing import Final
 
 import psycopg
-from psycopg.rows import TupleRow
+from psycopg.rows import TupleRow, class_row
 
 from contextlog.producers import search as found
 from contextlog.schema import events as ev
@@ -41,11 +41,18 @@ def on_search(
     try:
         with cur.connection.transaction():  # a savepoint: a cancelled search undoes itself
             cur.execute(query("set_statement_timeout"), {"timeout": str(ANSWER_TIMEOUT_MS)})
-            rows = rows_as(cur, found.HitRow).execute(query("search_messages"), params).fetchall()
+            # Bound in the text: planned for the query's words (see `reader._send_hits`).
+            hits = psycopg.ClientCursor(cur.connection, row_factory=class_row(found.HitRow))
+            rows = hits.execute(query("search_messages"), params, prepare=False).fetchall()
+            details: list[found.DetailRow] = []
+            if shown_hits := found.hits_of(rows):
+                more = found.details_params(params, shown_hits)
+                shown = rows_as(cur, found.DetailRow).execute(query("search_details"), more)
+                details = shown.fetchall()
             cur.execute(query("set_statement_timeout"), {"timeout": old})
     except psycopg.errors.QueryCanceled:
         return refused(e, "the search took too long: narrow it (more words, a phrase)")
-    page = found.to_page(e.query, rows, e.page, found.PER_PAGE)
+    page = found.to_page(e.query, rows, details, e.page, found.PER_PAGE)
     return notice(
         e,
         nt.SEARCH_RESULTS,
