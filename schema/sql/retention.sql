@@ -44,6 +44,8 @@ WITH gone AS (
     DELETE FROM notes WHERE agent = %(agent)s AND channel = %(channel)s
 ), f AS (
     DELETE FROM search_messages WHERE agent = %(agent)s AND channel = %(channel)s
+), q AS (
+    DELETE FROM search_pending WHERE agent = %(agent)s AND channel = %(channel)s
 ), r AS (
     DELETE FROM attachment_refs WHERE agent = %(agent)s AND channel = %(channel)s
     RETURNING sha256

@@ -110,3 +110,37 @@ SELECT current_setting('statement_timeout') AS timeout;
 -- name: set_statement_timeout
 -- For the rest of the transaction (or until set again); undone with a savepoint.
 SELECT set_config('statement_timeout', %(timeout)s, true);
+
+-- name: search_index_pending
+-- The indexer's step: up to %(limit)s queued messages into `search_messages` (a worker
+-- shares the queue with the others: SKIP LOCKED). Each message is read under a share
+-- lock, so an erase or retention that changes or removes it waits for this step (and
+-- then removes its row), or is waited for (and what is read is what is left). Returns how
+-- many were taken.
+WITH taken AS (
+    DELETE FROM search_pending
+    WHERE ctid = ANY(ARRAY(SELECT ctid FROM search_pending LIMIT %(limit)s
+                           FOR UPDATE SKIP LOCKED))
+    RETURNING agent, channel, seq
+), found AS MATERIALIZED (
+    SELECT e.agent, e.channel, e.seq, e.thread, e.position, e.recorded_at, e.payload
+    FROM taken t JOIN events e ON e.agent = t.agent AND e.channel = t.channel AND e.seq = t.seq
+    FOR SHARE OF e
+), added AS (
+    INSERT INTO search_messages (agent, channel, seq, thread, position, recorded_at, role,
+                                 sender, words)
+    SELECT f.agent, f.channel, f.seq, f.thread, f.position, f.recorded_at,
+           f.payload->>'role', f.payload->>'sender', w.words
+    FROM found f, LATERAL (SELECT contextlog_search_words(f.payload) AS words) w
+    WHERE w.words IS NOT NULL
+    ON CONFLICT DO NOTHING
+)
+SELECT count(*) AS taken FROM taken;
+
+-- name: search_lag
+-- Messages queued for the indexer, and when the first of them was logged (the oldest,
+-- near enough: the queue is a heap written in order).
+SELECT (SELECT count(*) FROM search_pending) AS waiting,
+       (SELECT e.recorded_at FROM (SELECT * FROM search_pending LIMIT 1) p
+        JOIN events e ON e.agent = p.agent AND e.channel = p.channel AND e.seq = p.seq)
+       AS oldest;

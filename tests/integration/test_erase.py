@@ -31,6 +31,7 @@ from contextlog.worker.store.rebuild import rebuild
 from tests.support import canary, snapshots
 from tests.support.anthropic_rules import check_messages
 from tests.support.fake_anthropic import Outcome
+from tests.support.readers import indexed
 from tests.support.session_stack import A, C, Stack
 from tests.support.thinking_bot import Log
 
@@ -162,6 +163,7 @@ def test_a_sender_is_erased_everywhere_and_the_others_stay(
         shown = json.dumps(ctx.to_anthropic())
         assert CANARY not in shown and OTHER in shown
         assert ctx.boundary is not None and ctx.boundary.kind == "erase"
+    indexed(db)
     assert reader.search("alpha", CANARY).total == 0
     assert reader.search("alpha", OTHER).total == 12  # 4 a channel: question, input, result, answer
     [session] = reader.sessions("alpha", "general").sessions

@@ -113,7 +113,7 @@ def test_the_log_goes_after_its_time_whole_and_rebuild_agrees(
         ("support", "help"),
     ]
     assert conversations(db) == [("alpha", "busy"), ("alpha", "saved")]
-    assert twin.call("search", "alpha", "words").total == 1  # busy's only
+    assert twin.search("alpha", "words").total == 1  # busy's only
     kept = snapshots.derived(db)
     assert [bytes(a[0]) for a in kept["attachments"]] == [hashlib.sha256(SHARED).digest()]
     with psycopg.connect(db) as conn:
@@ -217,7 +217,7 @@ def test_the_worker_step_is_recorded_for_status_and_survives_a_crash(
 
 def test_a_search_of_a_dropped_conversation_finds_nothing(db: str, log: Log, twin: Twin) -> None:
     log.say("user", "needle here", channel="gone")
-    assert twin.call("search", "alpha", "needle").total == 1
+    assert twin.search("alpha", "needle").total == 1
     step(db, T0 + 100 * DAY)
-    page: found.SearchPage = twin.call("search", "alpha", "needle")
+    page: found.SearchPage = twin.search("alpha", "needle")
     assert page.total == 0

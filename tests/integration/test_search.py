@@ -24,7 +24,7 @@ from contextlog.worker.cli import main as cli
 from contextlog.worker.store import search as store_search
 from contextlog.worker.store.rebuild import rebuild
 from tests.support import properties
-from tests.support.readers import Twin, twin
+from tests.support.readers import Twin, indexed, twin
 from tests.support.services import truncate
 from tests.support.session_stack import Stack
 from tests.support.thinking_bot import Log
@@ -52,7 +52,7 @@ def found_texts(page: found.SearchPage) -> list[str]:
 
 
 def search(twin: Twin, query: str, agent: str = "alpha", **kw: Any) -> found.SearchPage:
-    page: found.SearchPage = twin.call("search", agent, query, **kw)
+    page: found.SearchPage = twin.search(agent, query, **kw)
     return page
 
 
@@ -186,12 +186,18 @@ def test_bad_input_is_refused_saying_why(
         search(twin, query, **kw)
 
 
-def test_rows_are_written_in_the_batch_and_rebuild_and_the_backfill_give_them_again(
+def test_messages_are_queued_in_the_batch_and_indexed_right_after_and_rebuild_agrees(
     db: str, log: Log, twin: Twin
 ) -> None:
     log.say("user", "alpha bravo charlie")
     log.say("assistant", [{"type": "text", "text": "delta echo"}])
     log.add(ev.SearchRequested, query="bravo")
+    with psycopg.connect(db) as conn:
+        assert store_search.lag(conn).waiting == 2  # queued in the batches, commands not
+        assert _search_rows(db) == []
+        assert store_search.index_pending(conn, limit=1) == 1
+        assert store_search.index_all(conn) == 1
+        assert store_search.lag(conn) == (0, None)
     rows = _search_rows(db)
     assert len(rows) == 2
     with psycopg.connect(db) as conn:
@@ -267,6 +273,7 @@ def test_the_search_command_answers_with_this_conversations_matches(stack: Stack
     stack.say("the canary is yellow", sender="ann")
     stack.say("the canary sings", channel="elsewhere", sender="bob")
     stack.stored(stack.say("unrelated"))
+    indexed(stack.settings.database_url)
     stack.producer.search("alpha", "general", "canary", source="test")
     n = stack.notice(nt.SEARCH_RESULTS)
     assert n.total == 1 and n.hits is not None and n.page == 1
@@ -281,6 +288,7 @@ def test_the_search_command_answers_with_this_conversations_matches(stack: Stack
 def test_cli_search_and_send_search(stack: Stack, capsys: pytest.CaptureFixture[str]) -> None:
     stack.say("deploy freeze starts monday", sender="ann")
     stack.reader.context("alpha", "ops", wait_for=stack.say("freeze lifted", channel="ops"))
+    indexed(stack.settings.database_url)
     capsys.readouterr()
     assert cli.main(["search", "alpha", "freeze", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -7,6 +7,8 @@ from typing import Any
 
 import psycopg
 
+from contextlog.worker.store.search import index_all
+
 # Each derived table with the order its rows are compared in.
 DERIVED = {
     "conversations": "agent, channel",
@@ -19,9 +21,11 @@ DERIVED = {
 
 
 def derived(url: str) -> dict[str, list[tuple[Any, ...]]]:
-    """The rows of every derived table (search words as text), and the attachments kept."""
+    """The rows of every derived table (search words as text), and the attachments kept,
+    once the search indexer has caught up (it runs right after ingest, a rebuild at once)."""
     out: dict[str, list[tuple[Any, ...]]] = {}
     with psycopg.connect(url) as conn:
+        index_all(conn)
         for table, order in DERIVED.items():
             columns = "*, words::text" if table == "search_messages" else "*"
             rows = conn.execute(f"SELECT {columns} FROM {table} ORDER BY {order}").fetchall()

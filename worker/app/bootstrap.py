@@ -33,6 +33,7 @@ from contextlog.worker.ingest.loop import Ingest
 from contextlog.worker.ingest.streams import Streams
 from contextlog.worker.store.eventlog import EventLog, PostgresEventLog, bound_waits
 from contextlog.worker.tasks import idle, retention
+from contextlog.worker.tasks.indexer import Indexer
 from contextlog.worker.tasks.queue import SUMMARIES, Jobs
 from contextlog.worker.tasks.rqworker import ContextlogWorker
 from contextlog.worker.tasks.sweeper import Heartbeat, Loop
@@ -289,3 +290,8 @@ def sweep_forever(settings: Settings, stop: threading.Event) -> None:
 
     beat = Heartbeat(client, worker_name(settings), settings.sweep_seconds)
     Loop("sweeper", cycle, settings.sweep_seconds, beat, res.clock, stop).run()
+
+
+def index_forever(settings: Settings, stop: threading.Event) -> None:
+    """The worker's search indexer (tasks/indexer.py), until `stop` is set."""
+    Indexer(pg_connector(settings), stop).run()

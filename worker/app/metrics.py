@@ -49,6 +49,9 @@ RETENTION_DUE = Gauge(
     "Conversations past their retention at the last step: left for the next, or pinned",
     ["state"],
 )  # state: left (beyond the step's bound), pinned (a live session holds them)
+SEARCH_INDEXED = Counter(
+    "contextlog_search_indexed", "Messages the search indexer took from its queue"
+)
 SEARCH_BACKFILL = Gauge(
     "contextlog_search_backfill_left",
     "Events stored before search existed that are not indexed yet (the sweeper indexes them)",

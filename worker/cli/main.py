@@ -128,8 +128,12 @@ def _print_status(status: Status) -> None:
         + (f" (oldest {oldest:.0f}s)" if oldest is not None else "")
         + f"   effects waiting: {status.effects_waiting}"
     )
-    if status.search_backfill_left:
-        console.print(f"search: {status.search_backfill_left} older events still to index")
+    if status.search_waiting or status.search_backfill_left:
+        lag = "" if status.search_lag_s is None else f" (oldest {status.search_lag_s:.1f}s)"
+        console.print(
+            f"search: {status.search_waiting} messages waiting for the indexer{lag}, "
+            f"{status.search_backfill_left} older events still to index"
+        )
     if (r := status.retention) is not None:
         state = "running" if r.finished_at is None else f"{r.started_at:%Y-%m-%d %H:%M:%S} UTC"
         console.print(

@@ -145,12 +145,17 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     sweeper = threading.Thread(
         target=bootstrap.sweep_forever, args=(settings, stop), name="sweeper", daemon=True
     )
+    indexer = threading.Thread(
+        target=bootstrap.index_forever, args=(settings, stop), name="indexer", daemon=True
+    )
     sweeper.start()
+    indexer.start()
     try:
         w.work(burst=args.burst, with_scheduler=True, logging_level=settings.log_level.upper())
     finally:
         stop.set()
         sweeper.join(timeout=5)  # it clears its heartbeat on a clean stop
+        indexer.join(timeout=5)
     return 0
 
 

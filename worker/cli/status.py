@@ -100,10 +100,13 @@ class Status(msgspec.Struct, frozen=True):
     effects_waiting: int = 0  # notices and jobs committed but not yet relayed
     # Messages stored before search existed that the worker has not indexed yet.
     search_backfill_left: int = 0
+    search_waiting: int = 0  # messages queued for the workers' search indexer
+    search_lag_s: float | None = None  # how long the oldest of them has waited
     retention: RetentionStatus | None = None  # the last retention step; None: none ran
 
 
 OVERDUE_S = 120.0  # a timer this late means no scheduler is running
+SEARCH_STALE_S = 120.0  # a message unindexed this long: no worker's indexer runs
 
 
 def _group(client: Any, stream: str) -> dict[str, Any] | None:
@@ -278,6 +281,13 @@ def gather(
     backlog, oldest = conn.execute(query("summary_backlog")).fetchone() or (0, None)
     (waiting,) = conn.execute(query("effects_waiting")).fetchone() or (0,)
     (backfill,) = conn.execute(query("search_backfill_left")).fetchone() or (0,)
+    waiting, oldest = conn.execute(query("search_lag")).fetchone() or (0, None)
+    behind = None if oldest is None else max(0.0, (now - oldest).total_seconds())
+    if behind is not None and behind > SEARCH_STALE_S:
+        problems.append(
+            f"the search index is {waiting} messages behind (the oldest waits {behind:.0f} s):"
+            " is a worker running?"
+        )
     last = conn.execute(query("retention_last_run")).fetchone()
     conn.rollback()
     kept = RetentionStatus(*last) if last else None
@@ -296,6 +306,8 @@ def gather(
         oldest_pending_summary_age_s=None if oldest is None else (now - oldest).total_seconds(),
         effects_waiting=int(waiting),
         search_backfill_left=int(backfill),
+        search_waiting=int(waiting),
+        search_lag_s=behind,
         retention=kept,
         healthy=not problems,
         problems=problems,

@@ -41,7 +41,9 @@ def rebuild(
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (REBUILD_LOCK,))
         (total,) = conn.execute("SELECT count(*) FROM events").fetchone() or (0,)
-        conn.execute("TRUNCATE conversations, threads, sessions, notes, search_messages")
+        conn.execute(
+            "TRUNCATE conversations, threads, sessions, notes, search_messages, search_pending"
+        )
         with conn.cursor(name="contextlog_replay") as source, conn.cursor() as cur:
             source.itersize = chunk
             source.execute(query("replay_events"), {"with_payload": [*REPLAYED, CONFIGURE]})

@@ -6,7 +6,7 @@ in every batch's transaction (016); the reads are `ContextReader.search`'s."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import Final
+from typing import Final, NamedTuple
 
 import psycopg
 from psycopg.rows import TupleRow, class_row
@@ -25,6 +25,7 @@ from contextlog.worker.store.replies import Cursor, notice, refused, rows_as
 ANSWER_TIMEOUT_MS: Final = 2000
 REINDEX_CHUNK: Final = 200_000  # positions one reindex statement goes through
 BACKFILL_STEP: Final = 20_000  # events one backfill statement goes through
+INDEX_STEP: Final = 2_000  # queued messages the indexer takes in one transaction
 
 
 def on_search(
@@ -98,6 +99,35 @@ def reindex(conn: psycopg.Connection[TupleRow], chunk: int = REINDEX_CHUNK) -> N
     for start in range(int(lo), int(hi) + 1, chunk):
         conn.execute(query("search_reindex"), {"lo": start, "hi": start + chunk})
     conn.execute(query("search_backfill_done"))
+
+
+def index_pending(conn: psycopg.Connection[TupleRow], limit: int = INDEX_STEP) -> int:
+    """One step of the indexer: up to `limit` queued messages indexed, in a transaction of
+    their own; returns how many were taken (0: the queue is empty)."""
+    with conn.transaction():
+        row = conn.execute(query("search_index_pending"), {"limit": limit}).fetchone()
+    return int(row[0]) if row else 0
+
+
+def index_all(conn: psycopg.Connection[TupleRow]) -> int:
+    """Index every queued message (tests, benchmarks, a rebuild's end); how many."""
+    done = 0
+    while n := index_pending(conn):
+        done += n
+    return done
+
+
+class Lag(NamedTuple):
+    """What waits for the indexer: how many messages, and when the oldest was logged."""
+
+    waiting: int
+    oldest: dt.datetime | None
+
+
+def lag(conn: psycopg.Connection[TupleRow]) -> Lag:
+    """The indexer's lag (`contextlog status`)."""
+    row = conn.execute(query("search_lag")).fetchone()
+    return Lag(int(row[0]), row[1]) if row else Lag(0, None)
 
 
 def backfill(conn: psycopg.Connection[TupleRow], budget: int, step: int = BACKFILL_STEP) -> int:
