@@ -73,7 +73,7 @@ ORDER BY channel;
 -- the messages of the exchanges they opened (the assistant's answers, tool calls and
 -- results, system messages, up to the next opening user message of the thread).
 WITH m AS MATERIALIZED (
-    SELECT e.channel, e.thread, e.seq, e.kind, e.event_id, e.payload,
+    SELECT e.channel, e.thread, e.seq, e.kind,
            encode(sha256(convert_to(%(agent)s, 'UTF8') || '\x00'::bytea
                          || convert_to('sender', 'UTF8') || '\x00'::bytea
                          || convert_to(e.payload->>'sender', 'UTF8')), 'hex') AS who,
@@ -87,8 +87,10 @@ WITH m AS MATERIALIZED (
                     OVER (PARTITION BY m.channel, m.thread ORDER BY m.seq) AS opener
     FROM m
 )
-SELECT o.channel, o.seq, o.event_id, o.payload
+-- (Payloads are read for the matches only: the scan keeps names and hashes.)
+SELECT o.channel, o.seq, e.event_id, e.payload
 FROM o LEFT JOIN o x ON x.channel = o.channel AND x.seq = o.opener
+JOIN events e ON e.agent = %(agent)s AND e.channel = o.channel AND e.seq = o.seq
 WHERE o.who = %(subject)s
    OR (o.kind = 'message.v1' AND NOT o.opens AND x.who = %(subject)s)
 ORDER BY o.channel, o.seq;
