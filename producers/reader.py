@@ -380,17 +380,8 @@ class ContextReader(_Reader):
         """The messages of `agent`'s log that match `query` (syntax: `schema.search`),
         best first, newest first among equals, one page; outside the window and in deleted
         sessions too (the log keeps them). Never another agent's. Bad input: `Refused`."""
-        params = found.params(
-            agent,
-            query,
-            channel=channel,
-            thread=thread,
-            sender=sender,
-            since=since,
-            until=until,
-            page=page,
-            per_page=per_page,
-        )
+        scope = found.Scope(channel, thread, sender, since, until)
+        params = found.params(agent, query, scope, page, per_page)
         rows = self._read(lambda conn: _send_hits(conn, params))
         details: list[found.DetailRow] = []
         if hits := found.hits_of(rows):
@@ -558,17 +549,8 @@ class AsyncContextReader(_Reader):
         per_page: int = found.PER_PAGE,
     ) -> found.SearchPage:
         """`ContextReader.search`, for asyncio."""
-        params = found.params(
-            agent,
-            query,
-            channel=channel,
-            thread=thread,
-            sender=sender,
-            since=since,
-            until=until,
-            page=page,
-            per_page=per_page,
-        )
+        scope = found.Scope(channel, thread, sender, since, until)
+        params = found.params(agent, query, scope, page, per_page)
         rows = await self._read(lambda conn: _asend_hits(conn, params))
         details: list[found.DetailRow] = []
         if hits := found.hits_of(rows):

@@ -101,17 +101,19 @@ class DetailRow:
     sessions: list[str]
 
 
+@dataclass(frozen=True)
+class Scope:
+    """What a search looks through, within its agent (None: all of it)."""
+
+    channel: str | None = None
+    thread: str | None = None
+    sender: str | None = None
+    since: dt.datetime | None = None
+    until: dt.datetime | None = None
+
+
 def params(
-    agent: str,
-    query: str,
-    *,
-    channel: str | None = None,
-    thread: str | None = None,
-    sender: str | None = None,
-    since: dt.datetime | None = None,
-    until: dt.datetime | None = None,
-    page: int = 1,
-    per_page: int = PER_PAGE,
+    agent: str, query: str, scope: Scope, page: int = 1, per_page: int = PER_PAGE
 ) -> dict[str, Any]:
     """The parameters of one page of a search; bad input is `Refused`, saying why."""
     if not agent:
@@ -123,7 +125,7 @@ def params(
             f"search: only the best {RANK_WINDOW} matches are paged; narrow the search "
             "(since, until, channel, sender) to reach others"
         )
-    for name, at in (("since", since), ("until", until)):
+    for name, at in (("since", scope.since), ("until", scope.until)):
         if at is not None and at.tzinfo is None:
             raise Refused(f"search: {name} must be timezone-aware (e.g. datetime.now(UTC))")
     try:
@@ -133,11 +135,11 @@ def params(
     return {
         "agent": agent,
         "tsquery": tsquery,
-        "channel": channel,
-        "thread": thread,
-        "sender": sender,
-        "since": since,
-        "until": until,
+        "channel": scope.channel,
+        "thread": scope.thread,
+        "sender": scope.sender,
+        "since": scope.since,
+        "until": scope.until,
         "window": RANK_WINDOW,
         "limit": per_page,
         "offset": (page - 1) * per_page,

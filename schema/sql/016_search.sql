@@ -197,6 +197,16 @@ BEGIN
     END IF;
 END $$;
 
+-- Each message's search row, as every writer of `search_messages` makes it (its words
+-- NULL: nothing to find, not indexed); a simple view, so rows read through it can be
+-- locked (the indexer's FOR SHARE).
+CREATE OR REPLACE VIEW search_rows AS
+SELECT e.agent, e.channel, e.seq, e.thread, e.position, e.recorded_at,
+       e.payload->>'role' AS role, e.payload->>'sender' AS sender,
+       contextlog_search_words(e.payload) AS words
+FROM events e
+WHERE e.kind IN ('message.v1', 'imported_message.v1');
+
 -- The messages the indexer has still to index: a heap without an index (the indexer
 -- takes rows by ctid), so queueing one costs ingest next to nothing.
 CREATE TABLE IF NOT EXISTS search_pending (

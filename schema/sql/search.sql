@@ -55,22 +55,20 @@ JOIN events e ON e.agent = %(agent)s AND e.channel = k.channel AND e.seq = k.seq
 ORDER BY k.i;
 
 -- name: search_backfill_step
--- Index up to %(limit)s of the messages stored before migration 016, newest first (the
--- ones people look for first); returns how many events it went through and where it is.
+-- Index up to %(limit)s of the events stored before migration 016, newest first (the ones
+-- people look for first); returns how many events it went through and where it is.
 WITH state AS (
     SELECT below FROM search_backfill WHERE below > 0 FOR UPDATE
 ), batch AS MATERIALIZED (
-    SELECT e.* FROM events e, state
+    SELECT e.position FROM events e, state
     WHERE e.position < state.below
     ORDER BY e.position DESC
     LIMIT %(limit)s
 ), added AS (
-    INSERT INTO search_messages (agent, channel, seq, thread, position, recorded_at, role,
-                                 sender, words)
-    SELECT b.agent, b.channel, b.seq, b.thread, b.position, b.recorded_at,
-           b.payload->>'role', b.payload->>'sender', w.words
-    FROM batch b, LATERAL (SELECT contextlog_search_words(b.payload) AS words) w
-    WHERE b.kind IN ('message.v1', 'imported_message.v1') AND w.words IS NOT NULL
+    INSERT INTO search_messages
+    SELECT r.* FROM search_rows r, state
+    WHERE r.position >= (SELECT min(position) FROM batch) AND r.position < state.below
+      AND r.words IS NOT NULL
     ON CONFLICT DO NOTHING
 ), moved AS (
     UPDATE search_backfill SET below = CASE WHEN (SELECT count(*) FROM batch) < %(limit)s
@@ -89,13 +87,9 @@ SELECT coalesce((SELECT greatest(0, b.below - (SELECT min(position) FROM events)
 
 -- name: search_reindex
 -- `contextlog rebuild`: every message's row again, from the log as it is now.
-INSERT INTO search_messages (agent, channel, seq, thread, position, recorded_at, role,
-                             sender, words)
-SELECT e.agent, e.channel, e.seq, e.thread, e.position, e.recorded_at,
-       e.payload->>'role', e.payload->>'sender', w.words
-FROM events e, LATERAL (SELECT contextlog_search_words(e.payload) AS words) w
-WHERE e.kind IN ('message.v1', 'imported_message.v1') AND w.words IS NOT NULL
-  AND e.position >= %(lo)s AND e.position < %(hi)s;
+INSERT INTO search_messages
+SELECT * FROM search_rows
+WHERE position >= %(lo)s AND position < %(hi)s AND words IS NOT NULL;
 
 -- name: search_backfill_done
 UPDATE search_backfill SET below = 0;
@@ -123,16 +117,12 @@ WITH taken AS (
                            FOR UPDATE SKIP LOCKED))
     RETURNING agent, channel, seq
 ), found AS MATERIALIZED (
-    SELECT e.agent, e.channel, e.seq, e.thread, e.position, e.recorded_at, e.payload
-    FROM taken t JOIN events e ON e.agent = t.agent AND e.channel = t.channel AND e.seq = t.seq
-    FOR SHARE OF e
+    SELECT r.* FROM taken t
+    JOIN search_rows r ON r.agent = t.agent AND r.channel = t.channel AND r.seq = t.seq
+    FOR SHARE OF r
 ), added AS (
-    INSERT INTO search_messages (agent, channel, seq, thread, position, recorded_at, role,
-                                 sender, words)
-    SELECT f.agent, f.channel, f.seq, f.thread, f.position, f.recorded_at,
-           f.payload->>'role', f.payload->>'sender', w.words
-    FROM found f, LATERAL (SELECT contextlog_search_words(f.payload) AS words) w
-    WHERE w.words IS NOT NULL
+    INSERT INTO search_messages
+    SELECT * FROM found WHERE words IS NOT NULL
     ON CONFLICT DO NOTHING
 )
 SELECT count(*) AS taken FROM taken;

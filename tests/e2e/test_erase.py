@@ -15,12 +15,10 @@ exactly when it came before its shard's erase.
 from __future__ import annotations
 
 import base64
-import itertools
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -29,10 +27,9 @@ from contextlog.producers import ContextReader, Producer
 from contextlog.producers.ids import uuid7
 from contextlog.schema import codec, erasure, keys
 from contextlog.schema import notices as nt
-from tests.support import canary, services
+from tests.support import canary
 from tests.support.anthropic_rules import check_messages
 from tests.support.fake_anthropic import FakeAPI, FakeAPIServer, Outcome, answer, client_for
-from tests.support.servers import PostgresCluster, RedisServer, require_servers
 from tests.support.stack import SHARDS, Load, Stack, content, stored, until, wait_growing
 
 pytestmark = pytest.mark.e2e
@@ -41,7 +38,6 @@ AGENT = "bot"
 ANN = "zq-canary-ann-5501"
 BOB = "zq-canary-bob-6602"
 MB = 1 << 20
-_databases = itertools.count()
 
 
 class EchoAPIServer(FakeAPIServer):
@@ -64,32 +60,6 @@ def _texts(value: Any) -> list[str]:
     if isinstance(value, list):
         return [t for v in value for t in _texts(v)]
     return []
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[PostgresCluster]:
-    require_servers()
-    with PostgresCluster.start_new() as pg:
-        yield pg
-
-
-@pytest.fixture
-def make_stack(cluster: PostgresCluster, tmp_path: Path) -> Iterator[Callable[[], Stack]]:
-    built: list[Stack] = []
-
-    def make() -> Stack:
-        db = services.create_database(cluster.url, f"erase_{next(_databases)}")
-        rds = RedisServer(appendonly=True, workdir=tmp_path / f"redis-{len(built)}")
-        rds.dir.mkdir()
-        stack = Stack(tmp_path, cluster, rds.start(), db)
-        built.append(stack)
-        return stack
-
-    yield make
-    for stack in built:
-        print(stack.tails())
-        stack.close()
-        stack.redis.close()
 
 
 def attachment(seed: str, size: int = MB) -> dict[str, Any]:

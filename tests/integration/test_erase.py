@@ -10,7 +10,6 @@ import datetime as dt
 import hashlib
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,6 @@ from contextlog.producers.ids import uuid7
 from contextlog.schema import attachments, codec, erasure, keys
 from contextlog.schema import events as ev
 from contextlog.schema import notices as nt
-from contextlog.schema.defaults import ConversationDefaults
 from contextlog.worker.cli import main as cli
 from contextlog.worker.ingest.streams import Streams
 from contextlog.worker.store.eventlog import Accepted
@@ -35,27 +33,12 @@ from tests.support.readers import indexed
 from tests.support.session_stack import A, C, Stack
 from tests.support.thinking_bot import Log
 
-T0 = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
+T0 = LOG_START = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
 MINUTE = dt.timedelta(minutes=1)
 SHARDS = 4
 CANARY = "zq-canary-ann-7731"
 OTHER = "zq-canary-bob-4410"
 PICTURE = b"\x89PNG" + CANARY.encode() * 64
-
-
-@pytest.fixture
-def log(db: str) -> Iterator[Log]:
-    lg = Log(db)
-    lg.now = T0
-    yield lg
-    lg.close()
-
-
-@pytest.fixture
-def reader(db: str) -> Iterator[ContextReader]:
-    r = ContextReader.from_url(db, defaults=ConversationDefaults())
-    yield r
-    r.close()
 
 
 def tick(lg: Log) -> None:

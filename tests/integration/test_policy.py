@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,19 +34,11 @@ from tests.support.thinking_bot import Log
 
 __all__ = ["twin"]
 
-T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+T0 = LOG_START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 DAY = dt.timedelta(days=1)
 RULES = Retention(Keep(log=90 * 86400), (("support", Keep(log=10 * 86400, sessions=5 * 86400)),))
 IMAGE = b"\x89PNG" + bytes(range(256)) * 8
 SHARED = b"GIF89a" + bytes(range(200)) * 4
-
-
-@pytest.fixture
-def log(db: str) -> Iterator[Log]:
-    lg = Log(db)
-    lg.now = T0
-    yield lg
-    lg.close()
 
 
 def image(lg: Log, data: bytes, channel: str, agent: str = "alpha") -> None:

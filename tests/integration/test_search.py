@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -37,14 +36,6 @@ PNG = (
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5E"
     "rkJggg=="
 )
-
-
-@pytest.fixture
-def log(db: str) -> Iterator[Log]:
-    lg = Log(db)
-    lg.now = NOW
-    yield lg
-    lg.close()
 
 
 def found_texts(page: found.SearchPage) -> list[str]:

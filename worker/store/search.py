@@ -35,7 +35,7 @@ def on_search(
     channel searches what that channel said, never another conversation of the agent
     (the library's `ContextReader.search` is the bot's, for wider scopes)."""
     try:
-        params = found.params(e.agent, e.query, channel=e.channel, page=e.page)
+        params = found.params(e.agent, e.query, found.Scope(channel=e.channel), e.page)
     except Refused as why:
         return refused(e, str(why))
     (old,) = cur.execute(query("statement_timeout")).fetchone() or ("0",)
