@@ -1,6 +1,5 @@
 """Fixtures of the integration tests."""
 
-import datetime as dt
 from collections.abc import Iterator
 
 import pytest
@@ -26,9 +25,7 @@ def log(db: str, request: pytest.FixtureRequest) -> Iterator[Log]:
     """A log written as ingest writes it, its clock at the module's `LOG_START` (if it
     names one) or at `NOW` (if it names that)."""
     lg = Log(db)
-    start: dt.datetime = getattr(request.module, "LOG_START", None) or getattr(
-        request.module, "NOW", lg.now
-    )
-    lg.now = start
+    module = request.module
+    lg.now = getattr(module, "LOG_START", getattr(module, "NOW", lg.now))
     yield lg
     lg.close()
