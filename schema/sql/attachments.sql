@@ -25,3 +25,13 @@ DELETE FROM attachments a
 WHERE a.sha256 = ANY(%(hashes)s::bytea[])
   AND NOT EXISTS (SELECT FROM attachment_refs r WHERE r.sha256 = a.sha256)
 RETURNING a.sha256;
+
+-- name: refs_reindex
+-- `contextlog rebuild`: every event's attachment references again, from the log as it is
+-- (as migration 017 first wrote them).
+INSERT INTO attachment_refs (agent, channel, seq, sha256)
+SELECT e.agent, e.channel, e.seq, h
+FROM events e, LATERAL contextlog_attachment_hashes(e.kind, e.payload) h
+WHERE e.kind IN ('message.v1', 'imported_message.v1')
+  AND jsonb_typeof(e.payload->'content') = 'array'
+ON CONFLICT DO NOTHING;

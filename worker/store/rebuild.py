@@ -29,8 +29,8 @@ def rebuild(
     chunk: int = CHUNK,
     defaults: ConversationDefaults | None = None,
 ) -> int:
-    """Rebuild conversations, threads, sessions, notes and the search index from `events`
-    in one transaction; returns events read. The commands' effects (notices, jobs) are
+    """Rebuild conversations, threads, sessions, notes, the search index and attachment
+    references from `events` in one transaction; returns events read. The commands' effects (notices, jobs) are
     not sent again, and searches (`search.v1`) are not answered again.
 
     Ingest waits meanwhile (it takes the rebuild lock shared in every batch) and readers
@@ -42,7 +42,8 @@ def rebuild(
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (REBUILD_LOCK,))
         (total,) = conn.execute("SELECT count(*) FROM events").fetchone() or (0,)
         conn.execute(
-            "TRUNCATE conversations, threads, sessions, notes, search_messages, search_pending"
+            "TRUNCATE conversations, threads, sessions, notes, search_messages,"
+            " search_pending, attachment_refs"
         )
         with conn.cursor(name="contextlog_replay") as source, conn.cursor() as cur:
             source.itersize = chunk
@@ -53,6 +54,7 @@ def rebuild(
                 if progress:
                     progress(done, total)
         reindex(conn)
+        conn.execute(query("refs_reindex"))
     return done
 
 
