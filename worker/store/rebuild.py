@@ -30,8 +30,9 @@ def rebuild(
     defaults: ConversationDefaults | None = None,
 ) -> int:
     """Rebuild conversations, threads, sessions, notes, the search index and attachment
-    references from `events` in one transaction; returns events read. The commands' effects (notices, jobs) are
-    not sent again, and searches (`search.v1`) are not answered again.
+    references from `events` in one transaction; returns events read. The commands'
+    effects (notices, jobs) are not sent again, and searches (`search.v1`) are not
+    answered again.
 
     Ingest waits meanwhile (it takes the rebuild lock shared in every batch) and readers
     see the old projections until the new ones commit.
