@@ -62,6 +62,13 @@ WRITER_COLUMNS: Final = {
     9: "ALTER TABLE events ADD COLUMN IF NOT EXISTS through bigint;"
     " ALTER TABLE events ADD COLUMN IF NOT EXISTS late boolean;"
     " ALTER TABLE threads ADD COLUMN IF NOT EXISTS tokens_through bigint NOT NULL DEFAULT 0",
+    # The restored session of a segment and the session of a note (the erase and expiry
+    # take their text out), a session's summary round, a conversation's own retention.
+    17: "ALTER TABLE threads ADD COLUMN IF NOT EXISTS seg_session text;"
+    " ALTER TABLE notes ADD COLUMN IF NOT EXISTS session_id text;"
+    " ALTER TABLE sessions ADD COLUMN IF NOT EXISTS summary_round integer NOT NULL DEFAULT 0;"
+    " ALTER TABLE conversations ADD COLUMN IF NOT EXISTS keep_log_days integer,"
+    " ADD COLUMN IF NOT EXISTS keep_sessions_days integer",
 }
 
 
@@ -72,10 +79,11 @@ def migrate_layout(conn: psycopg.Connection[TupleRow], upto: int) -> list[str]:
     in order. Returns the names applied."""
     applied = migrate(conn, upto=upto)
     with conn.transaction():
-        for version, columns in WRITER_COLUMNS.items():
-            if version > upto:
-                conn.execute(columns)
+        # In version order: a migration applied early may need the columns of an earlier
+        # one (014 reads 009's), and later columns may go on its tables (017's on 014's).
         for m in migrations():
+            if m.version > upto and m.version in WRITER_COLUMNS:
+                conn.execute(WRITER_COLUMNS[m.version])
             if m.version > upto and m.version in CALLED_FUNCTIONS | REAPPLIED:
                 conn.execute(m.sql.encode())
             if m.version > upto and m.version in CALLED_FUNCTIONS:
