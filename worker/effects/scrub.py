@@ -145,7 +145,8 @@ class Scrubber:
         return out
 
     def _inbound(self, s: Scrub, match: Match, dry: bool) -> int:
-        """The subject's entries before the erase's own in the shard's stream."""
+        """The subject's entries before the erase's own in the shard's stream (a dry run,
+        whose erase is not in the stream: all of them, which it would come after)."""
         stream = keys.stream(s.shard)
         gone: list[bytes] = []
         for entry_id, fields_ in _pages(self.redis, stream):
@@ -157,6 +158,8 @@ class Scrubber:
                 return self._delete(stream, gone, dry)
             if match.entry(found):
                 gone.append(entry_id)
+        if dry:
+            return len(gone)
         return 0  # its entry is trimmed: everything left is newer than the erase
 
     def _dead_letters(self, s: Scrub, match: Match, dry: bool) -> int:
