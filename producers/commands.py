@@ -237,6 +237,34 @@ class Commands(ABC, Generic[R]):
             )
         )
 
+    def search(self, agent: str, channel: str, query: str, *, page: int = 1, **opts: Any) -> R:
+        """`/context search <query>`: ingest answers with a `search_results` notice holding
+        one page of this conversation's matches (syntax: `schema.search`; a query with
+        nothing to look for is refused here)."""
+        return self._send(
+            ev.SearchRequested(query=query, page=page, **self._common(agent, channel, opts))
+        )
+
+    def set_retention(
+        self,
+        agent: str,
+        channel: str,
+        *,
+        keep_log_days: int | None = None,
+        keep_sessions_days: int | None = None,
+        **opts: Any,
+    ) -> R:
+        """This conversation's retention, over its agent's policy: keep its log this many
+        days after its last activity, its saved sessions this many days after they were
+        saved (None: unchanged; 0: back to the agent's policy)."""
+        return self._send(
+            ev.RetentionSet(
+                keep_log_days=keep_log_days,
+                keep_sessions_days=keep_sessions_days,
+                **self._common(agent, channel, opts),
+            )
+        )
+
     def set_frame(
         self,
         agent: str,

@@ -12,9 +12,9 @@ import redis
 
 from contextlog.producers import connection
 from contextlog.producers.commands import Batch, Commands, Encoder, Prepared, utcnow
-from contextlog.schema import attachments, codec, keys, signing
+from contextlog.schema import attachments, codec, erasure, keys, signing
 from contextlog.schema import events as ev
-from contextlog.schema.errors import PushUncertain, Unavailable
+from contextlog.schema.errors import EventRejected, PushUncertain, Unavailable
 
 
 def _one_shard(prepared: list[Prepared]) -> None:
@@ -156,6 +156,27 @@ class _Base:
     def _new_batch(self) -> Batch:
         return Batch(self.encoder, self.clock)
 
+    def _erase_events(
+        self,
+        agent: str,
+        channel: str | None,
+        sender: str | None,
+        session_id: str | None,
+        source: str | None,
+    ) -> list[ev.EraseRequested]:
+        try:
+            return erasure.request(
+                agent,
+                shards=self.encoder.shards,
+                now=self.clock(),
+                channel=channel,
+                sender=sender,
+                session_id=session_id,
+                source=source,
+            )
+        except ValueError as e:
+            raise EventRejected(codec.INVALID, f"erase: {e}") from None
+
 
 class Producer(_Base, Commands[str]):
     """Synchronous producer: every call is one XADD and returns the event id."""
@@ -224,6 +245,24 @@ class Producer(_Base, Commands[str]):
         except redis.RedisError as e:
             raise _uncertain(prepared, f"its answer was lost: {lost}; and again: {e}") from e
 
+    def erase(
+        self,
+        agent: str,
+        *,
+        channel: str | None = None,
+        sender: str | None = None,
+        session_id: str | None = None,
+        source: str | None = None,
+    ) -> list[str]:
+        """Erase a conversation (`channel`), one session's messages (`channel` and
+        `session_id`) or everything of a sender across the agent's conversations
+        (`sender`) from the log, its projections, search and Redis: `erase.v1` events
+        naming the subject by hash only (one per shard for a sender), applied by ingest in
+        order. Returns their ids; `source` hears `erase_done` for each. An operator's
+        call (the README's "Erase" says what it reaches and what it cannot)."""
+        events = self._erase_events(agent, channel, sender, session_id, source)
+        return self.push_many(events)
+
     def close(self) -> None:
         """Close the Redis connections."""
         self.redis.close()
@@ -289,6 +328,19 @@ class AsyncProducer(_Base, Commands[Any]):
             return await self._execute(prepared, atomic)
         except redis.RedisError as e:
             raise _uncertain(prepared, f"its answer was lost: {lost}; and again: {e}") from e
+
+    async def erase(
+        self,
+        agent: str,
+        *,
+        channel: str | None = None,
+        sender: str | None = None,
+        session_id: str | None = None,
+        source: str | None = None,
+    ) -> list[str]:
+        """`Producer.erase`, for asyncio."""
+        events = self._erase_events(agent, channel, sender, session_id, source)
+        return await self.push_many(events)
 
     async def aclose(self) -> None:
         """Close the Redis connections."""

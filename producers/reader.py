@@ -14,9 +14,11 @@ from typing import Any, Final, ParamSpec, TypeVar
 import msgspec
 import psycopg
 import psycopg.types.json
+from psycopg.rows import class_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from contextlog.producers import attachments, liveness
+from contextlog.producers import search as found
 from contextlog.producers.context import (
     Context,
     Frame,
@@ -487,6 +489,31 @@ class ContextReader(_Reader):
         rows = self._read(lambda conn: conn.execute(query("session_messages"), params).fetchall)
         return info, to_messages(rows)
 
+    def search(
+        self,
+        agent: str,
+        query: str,
+        *,
+        channel: str | None = None,
+        thread: str | None = None,
+        sender: str | None = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        page: int = 1,
+        per_page: int = found.PER_PAGE,
+    ) -> found.SearchPage:
+        """The messages of `agent`'s log that match `query` (syntax: `schema.search`),
+        best first, newest first among equals, one page; outside the window and in deleted
+        sessions too (the log keeps them). Never another agent's. Bad input: `Refused`."""
+        scope = found.Scope(channel, thread, sender, since, until)
+        params = found.params(agent, query, scope, page, per_page)
+        rows = self._read(lambda conn: _send_hits(conn, params))
+        details: list[found.DetailRow] = []
+        if hits := found.hits_of(rows):
+            more = found.details_params(params, hits)
+            details = self._read(lambda conn: _send_details(conn, more))
+        return found.to_page(query, rows, details, page, per_page)
+
     def _session(
         self, session_id: str, agent: str | None, channel: str | None
     ) -> tuple[SessionInfo, list[int]]:
@@ -662,6 +689,29 @@ class AsyncContextReader(_Reader):
         rows = await self._read(lambda conn: _asend_rows(conn, "get_session", params))
         return pick(rows, session_id, agent, channel)
 
+    async def search(
+        self,
+        agent: str,
+        query: str,
+        *,
+        channel: str | None = None,
+        thread: str | None = None,
+        sender: str | None = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        page: int = 1,
+        per_page: int = found.PER_PAGE,
+    ) -> found.SearchPage:
+        """`ContextReader.search`, for asyncio."""
+        scope = found.Scope(channel, thread, sender, since, until)
+        params = found.params(agent, query, scope, page, per_page)
+        rows = await self._read(lambda conn: _asend_hits(conn, params))
+        details: list[found.DetailRow] = []
+        if hits := found.hits_of(rows):
+            more = found.details_params(params, hits)
+            details = await self._read(lambda conn: _asend_details(conn, more))
+        return found.to_page(query, rows, details, page, per_page)
+
     async def _read(self, send: ASend[T]) -> T:
         """`ContextReader._read`, for asyncio."""
         if self.replica is None:
@@ -739,6 +789,40 @@ class AsyncContextReader(_Reader):
 async def _aconfigure(conn: Any) -> None:
     psycopg.types.json.set_json_loads(msgspec.json.decode, conn)
     await conn.execute(_ONE_PLAN)
+
+
+def _send_hits(conn: Any, params: dict[str, Any]) -> Callable[[], list[found.HitRow]]:
+    """Queue a search page. Its values are bound in the statement's text (a client-side
+    cursor): the planner then sees the query's words and plans for them, which no server
+    parameter allows here (the reader's connections plan every statement generically)."""
+    cur = psycopg.ClientCursor(conn, row_factory=class_row(found.HitRow))
+    cur.execute(query("search_messages"), params, prepare=False)
+    return cur.fetchall
+
+
+async def _asend_hits(
+    conn: Any, params: dict[str, Any]
+) -> Callable[[], Awaitable[list[found.HitRow]]]:
+    """`_send_hits` on an asyncio connection."""
+    cur = psycopg.AsyncClientCursor(conn, row_factory=class_row(found.HitRow))
+    await cur.execute(query("search_messages"), params, prepare=False)
+    return cur.fetchall
+
+
+def _send_details(conn: Any, params: dict[str, Any]) -> Callable[[], list[found.DetailRow]]:
+    """Queue what a page's hits show (prepared, as psycopg prepares a repeated query)."""
+    cur = conn.cursor(row_factory=class_row(found.DetailRow))
+    cur.execute(query("search_details"), params)
+    return cur.fetchall  # type: ignore[no-any-return]
+
+
+async def _asend_details(
+    conn: Any, params: dict[str, Any]
+) -> Callable[[], Awaitable[list[found.DetailRow]]]:
+    """`_send_details` on an asyncio connection."""
+    cur = conn.cursor(row_factory=class_row(found.DetailRow))
+    await cur.execute(query("search_details"), params)
+    return cur.fetchall  # type: ignore[no-any-return]
 
 
 async def _asend_rows(

@@ -11,17 +11,20 @@ from typing import Final
 
 import msgspec
 
-from contextlog.schema import blocks
+from contextlog.schema import blocks, search
 from contextlog.schema.errors import EventRejected, EventTooLarge
 from contextlog.schema.events import (
     NAMES_OF,
     AnyEvent,
     Configured,
+    EraseRequested,
     Event,
     FrameSet,
     MessageImported,
     MessagePosted,
+    SearchRequested,
     SessionImported,
+    SessionsExpired,
 )
 
 ENTRY_FIELD: Final = b"e"
@@ -181,6 +184,8 @@ def _check_times(event: AnyEvent) -> None:
         _check_time("original_at", event.original_at)
     elif isinstance(event, SessionImported):
         _check_time("created_at", event.created_at)
+    elif isinstance(event, SessionsExpired):
+        _check_time("before", event.before)
 
 
 def _check_time(name: str, at: dt.datetime | None) -> None:
@@ -189,6 +194,15 @@ def _check_time(name: str, at: dt.datetime | None) -> None:
             INVALID,
             f"{name} must be from {EARLIEST:%Y-%m-%d} to before {LATEST:%Y-%m-%d} (UTC),"
             f" got {at.isoformat()} - at `$.{name}`",
+        )
+
+
+def _check_erase(event: EraseRequested) -> None:
+    if event.shard >= event.shards:
+        raise EventRejected(INVALID, f"shard {event.shard} of {event.shards} - at `$.shard`")
+    if (event.scope == "session") != (event.session is not None):
+        raise EventRejected(
+            INVALID, "a session's erase names the session, no other does - at `$.session`"
         )
 
 
@@ -206,6 +220,12 @@ def _check_semantics(event: AnyEvent) -> None:
             "rolling_window must be at least 1 second (0 would leave every context empty; "
             "to forget the history, clear it) - at `$.rolling_window`",
         )
+    if event.erased is not None:
+        raise EventRejected(INVALID, "`erased` is written by ingest only - at `$.erased`")
+    if isinstance(event, SearchRequested) and (why := search.check(event.query)):
+        raise EventRejected(INVALID, f"{why} - at `$.query`")
+    if isinstance(event, EraseRequested):
+        _check_erase(event)
     try:
         if isinstance(event, FrameSet):
             blocks.check_frame(event.system, event.tools)

@@ -77,3 +77,87 @@ def env_int(env: Mapping[str, str], name: str, default: int, lowest: int) -> int
     if value < lowest:
         raise ConfigError(f"{name} must be at least {lowest}: {raw!r}")
     return value
+
+
+FOREVER: Final = -1  # a retention that keeps for ever (where a default would not)
+RETENTION_VAR: Final = "CONTEXTLOG_RETENTION"
+
+
+@dataclass(frozen=True)
+class Keep:
+    """How long an agent's data is kept, in seconds: the log after a conversation's last
+    activity, saved sessions after they were saved. None: no rule here (the next one down
+    applies); FOREVER: kept for ever."""
+
+    log: int | None = None
+    sessions: int | None = None
+
+
+@dataclass(frozen=True)
+class Retention:
+    """The deployment's retention policy: a default for every agent and per-agent rules
+    (a conversation may override both with `retention.v1`)."""
+
+    default: Keep = Keep()
+    agents: tuple[tuple[str, Keep], ...] = ()
+
+    def for_agent(self, agent: str) -> Keep:
+        """The rules of one agent, its own over the default."""
+        own = dict(self.agents).get(agent, Keep())
+        return Keep(
+            own.log if own.log is not None else self.default.log,
+            own.sessions if own.sessions is not None else self.default.sessions,
+        )
+
+    @property
+    def enforced(self) -> bool:
+        """Whether any rule removes anything (else conversations' own overrides only)."""
+        keeps = [self.default, *(k for _, k in self.agents)]
+        return any(v is not None and v != FOREVER for k in keeps for v in (k.log, k.sessions))
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Retention:
+        """`CONTEXTLOG_KEEP_LOG` and `CONTEXTLOG_KEEP_SESSIONS` (durations such as 90d, or
+        `forever`; unset: for ever) for every agent, and `CONTEXTLOG_RETENTION` for some:
+        `support=log:30d,sessions:7d;legal=log:forever`."""
+        default = Keep(
+            _keep("CONTEXTLOG_KEEP_LOG", env.get("CONTEXTLOG_KEEP_LOG", "")),
+            _keep("CONTEXTLOG_KEEP_SESSIONS", env.get("CONTEXTLOG_KEEP_SESSIONS", "")),
+        )
+        agents = []
+        for entry in filter(None, (e.strip() for e in env.get(RETENTION_VAR, "").split(";"))):
+            agent, sep, rules = entry.partition("=")
+            if not sep or not agent.strip():
+                raise ConfigError(
+                    f"{RETENTION_VAR}: {entry!r} is not AGENT=log:DURATION,sessions:DURATION"
+                )
+            agents.append((agent.strip(), _rules(entry, rules)))
+        return cls(default, tuple(agents))
+
+
+def _rules(entry: str, rules: str) -> Keep:
+    found: dict[str, int | None] = {}
+    for rule in filter(None, (r.strip() for r in rules.split(","))):
+        what, _, value = rule.partition(":")
+        if what.strip() not in ("log", "sessions") or not value.strip():
+            raise ConfigError(
+                f"{RETENTION_VAR}: {rule!r} in {entry!r} is not log:DURATION or sessions:DURATION"
+            )
+        found[what.strip()] = _keep(f"{RETENTION_VAR} ({entry.strip()})", value)
+    return Keep(found.get("log"), found.get("sessions"))
+
+
+def _keep(name: str, raw: str) -> int | None:
+    """A retention duration: None when blank, FOREVER for `forever`, else at least a day."""
+    text = raw.strip().lower()
+    if not text:
+        return None
+    if text in ("forever", "never"):
+        return FOREVER
+    try:
+        value = parse_duration(text)
+    except ValueError as e:
+        raise ConfigError(f"{name} is {e} or `forever`") from None
+    if value < 86_400:
+        raise ConfigError(f"{name} must be at least a day (1d): {raw.strip()!r}")
+    return value

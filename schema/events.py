@@ -86,6 +86,18 @@ ToolResultBlock = blocks.ToolResultBlock
 Content: TypeAlias = Text | Annotated[list[msgspec.Raw], Meta(min_length=1, max_length=MAX_BLOCKS)]
 
 
+Sha256 = Annotated[str, Meta(pattern="^[0-9a-f]{64}$")]  # a hash in lowercase hex
+
+
+class ErasedMark(Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What ingest writes into an event it redacted (an `erase.v1` did): never a producer.
+    `session_id`: on a save or import, the session it created, so a replay of the redacted
+    log gives that session the id it had (the id was derived from what is now erased)."""
+
+    erase_id: uuid.UUID
+    session_id: SessionRef | None = None
+
+
 class Event(Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="type"):
     """Fields every event carries: identity, conversation key, provenance, time."""
 
@@ -96,6 +108,9 @@ class Event(Struct, frozen=True, kw_only=True, omit_defaults=True, tag_field="ty
     source: Name | None = None
     sender: Name | None = None
     occurred_at: Annotated[dt.datetime, Meta(tz=True)]
+    # Set only by ingest when it redacts a stored event in place (`erase.v1`); an entry
+    # that carries it is refused (`codec.decode`).
+    erased: ErasedMark | None = None
 
 
 class MessagePosted(Event, frozen=True, kw_only=True, tag="message.v1"):
@@ -152,6 +167,9 @@ class SummaryGenerated(Event, frozen=True, kw_only=True, tag="summary.v1"):
     summary: Text
     local: bool = False  # made by the local summarizer (no ANTHROPIC_API_KEY)
     failed: bool = False  # the API kept failing; `summary` says so
+    # Which summary of the session this is: an erase that touched the session's messages
+    # asks for a new one (round + 1); a summary of an older round no longer applies.
+    round: Annotated[int, Meta(ge=0)] = 0
 
 
 class ContextCompacted(Event, frozen=True, kw_only=True, tag="compaction.v1"):
@@ -212,6 +230,57 @@ class SessionImported(Event, frozen=True, kw_only=True, tag="session_imported.v1
     summary_local: bool = False  # the summary came from the local summarizer
 
 
+MAX_QUERY = 500
+MAX_PAGE = 1000
+MAX_KEEP_DAYS = 36_500  # a hundred years
+
+
+class SearchRequested(Event, frozen=True, kw_only=True, tag="search.v1"):
+    """`/context search <query>`: look through this conversation's log; the matches come
+    back as a `search_results` notice (the query syntax: `producers.search`)."""
+
+    query: Annotated[str, Meta(min_length=1, max_length=MAX_QUERY)]
+    page: Annotated[int, Meta(ge=1, le=MAX_PAGE)] = 1
+
+
+EraseScope = Literal["conversation", "sender", "session"]
+
+
+class EraseRequested(Event, frozen=True, kw_only=True, tag="erase.v1"):
+    """Erase a subject's content from the log, its projections, search and Redis.
+
+    It holds no personal data beyond the subject's identity, hashed (`schema.erasure`):
+    `subject` is the hash of the conversation's channel (scopes `conversation` and
+    `session`) or of the sender (`sender`), `session` the hash of the session id. One
+    erase request is one event per shard (`shard` of `shards`), each on a conversation of
+    its own on that shard (`erasure.erase_channel`), so each shard's ingest applies it in
+    that shard's stream order: every entry before it, in flight or not, is covered, and no
+    shard writes another's conversations. Operator-only (`OPERATOR_ONLY`)."""
+
+    erase_id: uuid.UUID
+    scope: EraseScope
+    subject: Sha256
+    session: Sha256 | None = None
+    shard: Annotated[int, Meta(ge=0, lt=1024)]
+    shards: Annotated[int, Meta(ge=1, le=1024)]
+
+
+class RetentionSet(Event, frozen=True, kw_only=True, tag="retention.v1"):
+    """This conversation's retention, overriding its agent's policy: keep the log this many
+    days after the last activity, saved sessions this many days after they were saved.
+    None keeps the current value; 0 goes back to the agent's policy."""
+
+    keep_log_days: Annotated[int, Meta(ge=0, le=MAX_KEEP_DAYS)] | None = None
+    keep_sessions_days: Annotated[int, Meta(ge=0, le=MAX_KEEP_DAYS)] | None = None
+
+
+class SessionsExpired(Event, frozen=True, kw_only=True, tag="expire_sessions.v1"):
+    """The retention job's: this conversation's sessions saved before `before` are removed
+    (row, description, preview and summary), as their retention policy says."""
+
+    before: Annotated[dt.datetime, Meta(tz=True)]
+
+
 AnyEvent: TypeAlias = (
     MessagePosted
     | ContextCleared
@@ -225,10 +294,20 @@ AnyEvent: TypeAlias = (
     | ContextCompacted
     | MessageImported
     | SessionImported
+    | SearchRequested
+    | EraseRequested
+    | RetentionSet
+    | SessionsExpired
 )
 
 # The same types, in the union's order (one list: `AnyEvent`).
 EVENT_TYPES: tuple[type[Event], ...] = get_args(AnyEvent)
+
+# Events a worker or an operator emits, never an adapter: today ingest takes them from any
+# producer on the inbound streams (the trust work, issue 30, authenticates them: whatever
+# gates a worker's results gates these with them). The retention job emits
+# `expire_sessions.v1`; `contextlog erase` and `Producer.erase` emit `erase.v1`.
+OPERATOR_ONLY: tuple[type[Event], ...] = (EraseRequested, SessionsExpired)
 
 
 # The events that carry a message's content (a string or content blocks).

@@ -28,6 +28,8 @@ SESSION_DELETED: Final = "session_deleted"
 SESSIONS_PURGED: Final = "sessions_purged"
 CONTEXT_COMPACTED: Final = "context_compacted"
 SESSION_IMPORTED: Final = "session_imported"
+SEARCH_RESULTS: Final = "search_results"
+ERASE_DONE: Final = "erase_done"
 KINDS: Final = frozenset(
     {
         SESSION_SAVED,
@@ -38,6 +40,8 @@ KINDS: Final = frozenset(
         SESSIONS_PURGED,
         CONTEXT_COMPACTED,
         SESSION_IMPORTED,
+        SEARCH_RESULTS,
+        ERASE_DONE,
     }
 )
 
@@ -51,6 +55,23 @@ INVALID: Final = "invalid"
 _Name = Annotated[str, Meta(min_length=1, max_length=MAX_NAME)]
 _Text = Annotated[str, Meta(max_length=MAX_TEXT)]
 _Aware = Annotated[dt.datetime, Meta(tz=True)]
+
+
+MAX_HITS: Final = 50
+
+
+class NoticeHit(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One message a `/context search` found (see `producers.search.SearchHit`)."""
+
+    channel: _Name
+    thread: _Name | None = None
+    seq: Annotated[int, Meta(ge=1)]
+    event_id: _Name
+    at: _Aware
+    sender: _Name | None = None
+    role: _Name
+    snippet: _Text
+    sessions: Annotated[list[_Name], Meta(max_length=1000)] = []
 
 
 class Notice(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -70,6 +91,11 @@ class Notice(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     auto: bool = False
     local: bool = False  # the summary was made by the local summarizer
     failed: bool = False  # summary generation failed
+    # search_results: one page of matches, best first; `total` matches ranked (at most
+    # the newest 1,000), this is page `page`.
+    hits: Annotated[list[NoticeHit], Meta(max_length=MAX_HITS)] | None = None
+    total: Annotated[int, Meta(ge=0)] | None = None
+    page: Annotated[int, Meta(ge=1)] | None = None
 
 
 _decoder: Final = msgspec.json.Decoder(Notice)

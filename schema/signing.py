@@ -23,9 +23,10 @@ MIN_KEY_BYTES: Final = 16
 
 
 def is_result(event: ev.Event) -> bool:
-    """Whether only a worker may emit `event`: a session's summary, a compaction, an
-    idle-timeout save."""
-    if isinstance(event, ev.SummaryGenerated | ev.ContextCompacted):
+    """Whether only a holder of the signing key may emit `event`: a worker's summary of a
+    session, compaction, idle-timeout save or retention expiry, and an operator's erase
+    (`ev.OPERATOR_ONLY`)."""
+    if isinstance(event, (ev.SummaryGenerated, ev.ContextCompacted, *ev.OPERATOR_ONLY)):
         return True
     return isinstance(event, ev.SessionSaveRequested) and event.auto
 

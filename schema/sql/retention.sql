@@ -10,7 +10,8 @@ SELECT c.agent, c.channel,
        EXISTS (SELECT 1 FROM sessions s WHERE s.agent = c.agent AND s.channel = c.channel
                  AND s.deleted_at IS NULL) AS referenced
 FROM conversations c
-WHERE coalesce(c.last_activity_at, '-infinity') < %(before)s
+WHERE coalesce(c.last_activity_at, c.recorded_at, '-infinity') < %(before)s
+  AND NOT starts_with(c.channel, 'contextlog:erase:')
 ORDER BY c.agent, c.channel
 LIMIT %(limit)s;
 
@@ -22,7 +23,7 @@ SELECT c.last_seq
 FROM (SELECT pg_advisory_xact_lock_shared(%(rebuild_lock)s)) AS rebuild_lock,
      conversations c
 WHERE c.agent = %(agent)s AND c.channel = %(channel)s
-  AND coalesce(c.last_activity_at, '-infinity') < %(before)s
+  AND coalesce(c.last_activity_at, c.recorded_at, '-infinity') < %(before)s
   AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.agent = c.agent AND s.channel = c.channel
                     AND s.deleted_at IS NULL)
 FOR UPDATE OF c;
@@ -41,10 +42,20 @@ WITH gone AS (
     DELETE FROM threads WHERE agent = %(agent)s AND channel = %(channel)s
 ), n AS (
     DELETE FROM notes WHERE agent = %(agent)s AND channel = %(channel)s
+), f AS (
+    DELETE FROM search_messages WHERE agent = %(agent)s AND channel = %(channel)s
+), q AS (
+    DELETE FROM search_pending WHERE agent = %(agent)s AND channel = %(channel)s
+), r AS (
+    DELETE FROM attachment_refs WHERE agent = %(agent)s AND channel = %(channel)s
+    RETURNING sha256
 ), c AS (
     DELETE FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s
 )
-SELECT count(*) FROM gone;
+-- The events removed, and the hashes they referenced: those no other event references are
+-- deleted next (by the named queries of attachment bytes, which alone touch them).
+SELECT (SELECT count(*) FROM gone) AS events,
+       coalesce((SELECT array_agg(DISTINCT sha256) FROM r), '{}') AS hashes;
 
 -- name: unretire_present
 -- Whether the log holds any event of these conversations (a restore would clash).

@@ -4,10 +4,12 @@
 -- name: clear_segments
 -- A clear (or the clear half of a restore) at seq %(seq)s, time %(at)s: every thread of
 -- the conversation starts an empty segment after it. `note`: the header of the new
--- segments (a restore's, an auto-save's), else none.
+-- segments (a restore's, an auto-save's), else none; `session`: the restored session whose
+-- summary the note tells (an erase or an expiry takes that text out again, 017).
 UPDATE threads SET
     seg_start = %(seq)s + 1, seg_base = tokens_through, seg_at = %(at)s,
     seg_restored = NULL, seg_note = %(note)s, note_session = %(note_session)s,
+    seg_session = %(session)s,
     seg_summary = NULL, seg_threads = NULL, seg_block = NULL,
     seg_extra = contextlog_header_tokens(%(note)s, NULL, NULL),
     strip_through = %(seq)s, boundaries = boundaries + 1, boundary = %(kind)s,
@@ -36,12 +38,12 @@ ORDER BY seq;
 INSERT INTO threads AS t (agent, channel, thread, message_count, last_activity_at,
                           seg_start, seg_base, seg_at, seg_restored, seg_note, note_session,
                           seg_extra, strip_through, boundaries, boundary, boundary_seq,
-                          window_tokens, seg_threads)
+                          window_tokens, seg_threads, seg_session)
 VALUES (%(agent)s, %(channel)s, %(thread)s, 0, %(at)s, %(seq)s + 1, -%(tokens)s, %(at)s,
         %(seqs)s, %(note)s, %(note_session)s,
         contextlog_header_tokens(%(note)s, NULL, %(threads)s), %(seq)s, 1, 'restore',
         %(seq)s, %(tokens)s + contextlog_header_tokens(%(note)s, NULL, %(threads)s),
-        %(threads)s)
+        %(threads)s, %(session_id)s)
 ON CONFLICT (agent, channel, thread) DO UPDATE SET
     seg_restored = EXCLUDED.seg_restored,
     seg_base = t.tokens_through - %(tokens)s,
@@ -105,8 +107,8 @@ WHERE agent = %(agent)s AND channel = %(channel)s;
 -- name: note_summary
 -- A resumed session's summary that landed after the restore: a note at its position in
 -- the threads whose header said it was still being written.
-INSERT INTO notes (agent, channel, thread, seq, text)
-SELECT agent, channel, thread, %(seq)s, %(text)s FROM threads
+INSERT INTO notes (agent, channel, thread, seq, text, session_id)
+SELECT agent, channel, thread, %(seq)s, %(text)s, %(session_id)s FROM threads
 WHERE agent = %(agent)s AND channel = %(channel)s AND note_session = %(session_id)s
 ON CONFLICT DO NOTHING;
 

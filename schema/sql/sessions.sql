@@ -78,13 +78,22 @@ WHERE agent = %(agent)s AND channel = %(channel)s AND deleted_at IS NULL
 RETURNING session_id;
 
 -- name: set_summary
--- The first summary wins: a job that ran twice emits the same event id, deduplicated
--- in the log, but an imported summary is never overwritten either.
+-- The first summary of the session's current round wins: a job that ran twice emits the
+-- same event id, deduplicated in the log, and an imported summary is never overwritten
+-- either. A summary of an earlier round (written before an erase touched the session's
+-- messages, 017) no longer applies.
 UPDATE sessions SET summary = %(summary)s, summary_local = %(local)s,
                     summary_failed = %(failed)s
 WHERE agent = %(agent)s AND channel = %(channel)s AND session_id = %(session_id)s
-  AND summary IS NULL
+  AND summary IS NULL AND summary_round = %(round)s
 RETURNING source, auto;
+
+-- name: stale_summary
+-- Whether a summary of round %(round)s came too late: its session has moved on to a later
+-- round (an erase touched its messages since the summary job read them).
+SELECT 1 FROM sessions
+WHERE agent = %(agent)s AND channel = %(channel)s AND session_id = %(session_id)s
+  AND summary_round > %(round)s;
 
 -- name: imported_messages
 -- The messages an import pushed before its session_imported event, newest first.
@@ -142,7 +151,7 @@ ORDER BY agent, channel LIMIT 50;
 -- name: pending_summaries
 -- Sessions whose summary has not landed after a grace period: their job was lost
 -- (a crash between commit and relay is covered by `effects`; this covers the rest).
-SELECT agent, channel, session_id FROM sessions
+SELECT agent, channel, session_id, summary_round FROM sessions
 WHERE summary IS NULL AND deleted_at IS NULL
   AND created_at < %(now)s::timestamptz - make_interval(secs => %(grace)s)
 ORDER BY created_at LIMIT %(limit)s;

@@ -23,6 +23,7 @@ from tests.bench import (
     cache,
     cluster,
     context,
+    erase,
     http,
     idle,
     ingest,
@@ -30,6 +31,7 @@ from tests.bench import (
     replica,
     report,
     scale,
+    search,
     sessions,
 )
 from tests.bench.harness import BenchEnv, BenchError, Benchmark, Result
@@ -50,6 +52,9 @@ BENCHMARKS: dict[str, Benchmark] = {
     "peers": peers.run,
     "replica": replica.run,
     "scale": scale.run,
+    "search": search.run,
+    "search_ingest": search.run_ingest,
+    "erase": erase.run,
 }
 
 

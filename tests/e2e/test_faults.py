@@ -15,7 +15,6 @@ tests/support/faulty_api.py. CONTEXTLOG_E2E_SEED replays a run's fuzzing.
 from __future__ import annotations
 
 import datetime as dt
-import itertools
 import os
 import random
 import shutil
@@ -48,7 +47,7 @@ from tests.support.faulty_api import FaultyAPIServer
 from tests.support.fuzz import Raw
 from tests.support.processes import ROOT, Process
 from tests.support.proxy import Address, Proxy, postgres_upstream, redis_upstream, via
-from tests.support.servers import PostgresCluster, RedisServer, require_servers
+from tests.support.servers import PostgresCluster, RedisServer
 from tests.support.stack import (
     SHARDS,
     Load,
@@ -63,7 +62,6 @@ pytestmark = pytest.mark.e2e
 SETTLE_S = 30.0  # a hostile entry is dead-lettered (or stored) within this
 FUZZ_EXAMPLES = 200  # hypothesis examples, each 1-6 hostile entries amid the load
 SUMMARY_SETTLE_S = 60.0  # every summary is written or marked failed within this
-_databases = itertools.count()
 
 
 FIXED_SEED = 20261122  # the fuzz's draws under a fixed hypothesis profile (`ci`)
@@ -76,43 +74,6 @@ def _seed() -> int:
     if raw:
         return int(raw)
     return FIXED_SEED if properties.fixed() else random.SystemRandom().randrange(1 << 32)
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[PostgresCluster]:
-    """One private Postgres cluster for the module; tests that crash it restart it."""
-    require_servers()
-    with PostgresCluster.start_new() as pg:
-        yield pg
-
-
-@pytest.fixture
-def make_stack(cluster: PostgresCluster, tmp_path: Path) -> Iterator[Callable[..., Stack]]:
-    """Builds a Stack on a fresh database and a new private Redis; stops it afterwards."""
-    built: list[Stack] = []
-
-    def make(
-        *,
-        appendonly: bool = True,
-        redis_options: tuple[str, ...] = (),
-        tablespace: str | None = None,
-    ) -> Stack:
-        if not cluster.running():
-            cluster.start()  # a test that crashed it failed before restarting it
-        name = f"faults_{next(_databases)}"
-        db = services.create_database(cluster.url, name, tablespace)
-        workdir = tmp_path / f"redis-{len(built)}"
-        rds = RedisServer(appendonly=appendonly, workdir=workdir, extra=redis_options)
-        rds.dir.mkdir()
-        stack = Stack(tmp_path, cluster, rds.start(), db)
-        built.append(stack)
-        return stack
-
-    yield make
-    for stack in built:
-        print(stack.tails())  # shown when the test failed
-        stack.close()
-        stack.redis.close()
 
 
 # -- hostile entries ---------------------------------------------------------------------

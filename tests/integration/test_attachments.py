@@ -214,10 +214,18 @@ def test_reads_without_bytes_do_not_load_them(
     settings: Settings, producer: Producer, reader: ContextReader
 ) -> None:
     """History, session listings, counts and the summary's input never read the bytes:
-    no query but the attachment ones names the table, and session messages (what the
-    summarizer reads) hold the reference (`reader_role` only grants the table to readers)."""
+    no query but the attachment ones names the table (and of those, only the one that puts
+    the bytes back into a context reads them), and session messages (what the summarizer
+    reads) hold the reference (`reader_role` only grants the table to readers)."""
     users = {n for n, q in queries().items() if "attachments" in q}
-    assert users == {"attachments_stored", "insert_attachment", "attachment_data", "reader_role"}
+    assert users == {
+        "attachments_stored",
+        "insert_attachment",
+        "attachment_data",
+        "lock_attachments",  # an erase or retention, before deleting what nothing references
+        "drop_unreferenced_attachments",
+        "reader_role",
+    }
     producer.post_message(A, "h", "user", [image(blob(2000, 9))])
     save = producer.save(A, "h")
     with running(settings):

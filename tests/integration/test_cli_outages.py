@@ -52,6 +52,8 @@ COMMANDS: dict[str, tuple[list[str], tuple[str, ...]]] = {
     "notifications": (["notifications"], ("redis",)),
     "rebuild": (["rebuild"], ("postgres",)),
     "retire": (["retire", "--idle-for", "1d", "--archive", "{tmp}"], ("postgres",)),
+    "search": (["search", A, "rollback"], ("postgres",)),
+    "erase": (["erase", A, "--sender", "ann", "--dry-run"], ("postgres", "redis")),
     "chat": (["chat", A], ("postgres", "redis")),
     "demo": (["demo"], ("postgres", "redis")),
     "api": (["api"], ("postgres", "redis")),

@@ -8,7 +8,6 @@ import datetime as dt
 import json
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 from uuid import UUID
 
@@ -36,21 +35,6 @@ from tests.support.thinking_bot import Bot, Log
 NOW = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 HOUR = dt.timedelta(hours=1)
 MINUTE = dt.timedelta(minutes=1)
-
-
-@pytest.fixture
-def log(db: str) -> Iterator[Log]:
-    lg = Log(db)
-    lg.now = NOW
-    yield lg
-    lg.close()
-
-
-@pytest.fixture
-def reader(db: str) -> Iterator[ContextReader]:
-    r = ContextReader.from_url(db, defaults=ConversationDefaults())
-    yield r
-    r.close()
 
 
 def use(i: str) -> dict[str, Any]:

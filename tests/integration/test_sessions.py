@@ -343,7 +343,7 @@ class DownNotifier:
 class RecordingJobs:
     calls: list[tuple[str, ...]] = field(default_factory=list)
 
-    def summarize(self, agent: str, channel: str, session_id: str) -> bool:
+    def summarize(self, agent: str, channel: str, session_id: str, round: int = 0) -> bool:
         self.calls.append(("summarize", agent, channel, session_id))
         return True
 

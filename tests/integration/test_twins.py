@@ -17,6 +17,7 @@ READS: dict[str, Callable[[Any, dict[str, str]], Any]] = {
     "sessions": lambda r, k: r.sessions(A, C, page=1, per_page=5),
     "session": lambda r, k: r.session(k["session"], agent=A, channel=C),
     "session_messages": lambda r, k: r.session_messages(k["session"], agent=A, channel=C),
+    "search": lambda r, k: r.search(A, "milk OR eggs", channel=C),
 }
 # Public, and not reads of a conversation: construction and the pool.
 NOT_READS = {"from_url", "close", "connection"}

@@ -65,13 +65,14 @@ WRITER_COLUMNS: Final = {
     9: "ALTER TABLE events ADD COLUMN IF NOT EXISTS through bigint;"
     " ALTER TABLE events ADD COLUMN IF NOT EXISTS late boolean;"
     " ALTER TABLE threads ADD COLUMN IF NOT EXISTS tokens_through bigint NOT NULL DEFAULT 0",
+    # The restored session of a segment and the session of a note (the erase and expiry
+    # take their text out), a session's summary round, a conversation's own retention.
+    17: "ALTER TABLE threads ADD COLUMN IF NOT EXISTS seg_session text;"
+    " ALTER TABLE notes ADD COLUMN IF NOT EXISTS session_id text;"
+    " ALTER TABLE sessions ADD COLUMN IF NOT EXISTS summary_round integer NOT NULL DEFAULT 0;"
+    " ALTER TABLE conversations ADD COLUMN IF NOT EXISTS keep_log_days integer,"
+    " ADD COLUMN IF NOT EXISTS keep_sessions_days integer",
 }
-
-
-# Migrations after those the layout tests are about that add tables of their own (015: the
-# HTTP API's keys and webhooks; 020: the signing key): `migrate` applies them after the
-# others.
-OWN_TABLES: Final = ["015_api", "020_trust"]
 
 
 def migrate_layout(conn: psycopg.Connection[TupleRow], upto: int) -> list[str]:
@@ -81,10 +82,11 @@ def migrate_layout(conn: psycopg.Connection[TupleRow], upto: int) -> list[str]:
     in order. Returns the names applied."""
     applied = migrate(conn, upto=upto)
     with conn.transaction():
-        for version, columns in WRITER_COLUMNS.items():
-            if version > upto:
-                conn.execute(columns)
+        # In version order: a migration applied early may need the columns of an earlier
+        # one (014 reads 009's), and later columns may go on its tables (017's on 014's).
         for m in migrations():
+            if m.version > upto and m.version in WRITER_COLUMNS:
+                conn.execute(WRITER_COLUMNS[m.version])
             if m.version > upto and m.version in CALLED_FUNCTIONS | REAPPLIED:
                 conn.execute(m.sql.encode())
             if m.version > upto and m.version in CALLED_FUNCTIONS:
@@ -94,6 +96,11 @@ def migrate_layout(conn: psycopg.Connection[TupleRow], upto: int) -> list[str]:
                 )
                 applied.append(f"{m.version:03d}_{m.name}")
     return applied
+
+
+def later_than(version: int) -> list[str]:
+    """The names of the migrations after `version`, as `migrate` reports them applied."""
+    return [f"{m.version:03d}_{m.name}" for m in migrations() if m.version > version]
 
 
 def drop_database(base_url: str, name: str) -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from contextlog.schema.defaults import FOREVER, Keep
 from contextlog.schema.errors import ConfigError
 from contextlog.worker.app.config import Settings
 
@@ -199,3 +202,33 @@ def test_redact(url: str, shown: str) -> None:
     from contextlog.producers.connection import redact
 
     assert redact(url) == shown
+
+
+def test_retention_rules_from_the_environment() -> None:
+    env = {
+        "CONTEXTLOG_KEEP_LOG": "365d",
+        "CONTEXTLOG_KEEP_SESSIONS": "forever",
+        "CONTEXTLOG_RETENTION": "support=log:30d,sessions:7d; legal=log:forever",
+    }
+    rules = Settings.from_env(env).retention
+    assert rules.for_agent("support") == Keep(30 * 86400, 7 * 86400)
+    assert rules.for_agent("legal") == Keep(FOREVER, FOREVER)
+    assert rules.for_agent("other") == Keep(365 * 86400, FOREVER)
+    assert rules.enforced and not Settings.from_env({}).retention.enforced
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"CONTEXTLOG_KEEP_LOG": "2h"}, "CONTEXTLOG_KEEP_LOG must be at least a day"),
+        ({"CONTEXTLOG_KEEP_SESSIONS": "soon"}, "CONTEXTLOG_KEEP_SESSIONS is not a duration"),
+        ({"CONTEXTLOG_RETENTION": "support"}, "is not AGENT=log:DURATION"),
+        ({"CONTEXTLOG_RETENTION": "a=logs:1d"}, "'logs:1d' in 'a=logs:1d'"),
+        ({"CONTEXTLOG_RETENTION": "a=log:1"}, "at least a day"),
+        ({"CONTEXTLOG_RETENTION_BATCH": "0"}, "CONTEXTLOG_RETENTION_BATCH must be between"),
+        ({"CONTEXTLOG_RETENTION_ARCHIVE": "/no/such/dir"}, "not an existing directory"),
+    ],
+)
+def test_bad_retention_settings_name_the_variable(env: dict[str, str], says: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        Settings.from_env(env)

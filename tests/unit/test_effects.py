@@ -46,7 +46,7 @@ class Recorder:
     def __init__(self) -> None:
         self.order: list[str] = []
 
-    def summarize(self, agent: str, channel: str, session_id: str) -> bool:
+    def summarize(self, agent: str, channel: str, session_id: str, round: int = 0) -> bool:
         self.order.append(f"summarize {session_id}")
         return True
 

@@ -113,6 +113,12 @@ EXAMPLES: list[ev.Event] = [
         **COMMON,
     ),
     ev.MessagePosted(role="system", content="Today is Tuesday.", **COMMON),
+    ev.SearchRequested(query='"roll back" deploy*', page=2, **COMMON),
+    ev.EraseRequested(
+        erase_id=uuid.UUID(int=9), scope="sender", subject="ab" * 32, shard=1, shards=4, **COMMON
+    ),
+    ev.RetentionSet(keep_log_days=90, keep_sessions_days=0, **COMMON),
+    ev.SessionsExpired(before=T0, **COMMON),
 ]
 
 

@@ -310,6 +310,7 @@ def _results() -> list[ev.Event]:
         ev.SummaryGenerated(event_id=uuid7(), session_id="s1", summary="forged", **common),
         ev.ContextCompacted(event_id=uuid7(), through_seq=10**12, summary="forged", **common),
         ev.SessionSaveRequested(event_id=uuid7(), auto=True, **common),
+        ev.SessionsExpired(event_id=uuid7(), before=T0, **common),
     ]
 
 
@@ -325,6 +326,18 @@ def test_a_public_producer_refuses_to_build_a_workers_result(
     assert producer.redis.xlen(keys.stream(keys.shard_of("alpha", "general", 4))) == 0
     # A save a person asks for is theirs to send.
     producer.save("alpha", "general", "mine")
+
+
+def test_only_an_operators_producer_may_erase(server: fakeredis.FakeServer) -> None:
+    """An erase removes anyone's words: an adapter without the signing key cannot send one."""
+    adapter = Producer(fakeredis.FakeRedis(server=server), shards=4)
+    with pytest.raises(EventRejected) as info:
+        adapter.erase("alpha", sender="mallory")
+    assert info.value.reason == codec.FORGED
+    operator = Producer(
+        fakeredis.FakeRedis(server=server), shards=4, signing_key=signing.Key.of(b"k" * 32)
+    )
+    assert len(operator.erase("alpha", sender="mallory")) == 4  # one event a shard
 
 
 def test_a_workers_producer_signs_its_results_and_nothing_else(

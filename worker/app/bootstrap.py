@@ -31,6 +31,7 @@ from contextlog.worker.app.clock import Clock, SystemClock
 from contextlog.worker.app.config import QUEUE_REDIS_VAR, Settings
 from contextlog.worker.effects.notify import RedisNotifier
 from contextlog.worker.effects.relay import Relay
+from contextlog.worker.effects.scrub import Scrubber
 from contextlog.worker.ingest.loop import Ingest
 from contextlog.worker.ingest.streams import Streams, set_absent
 from contextlog.worker.store.eventlog import (
@@ -39,8 +40,9 @@ from contextlog.worker.store.eventlog import (
     PostgresEventLog,
     bound_waits,
 )
-from contextlog.worker.tasks import idle
+from contextlog.worker.tasks import idle, retention
 from contextlog.worker.tasks import resources as resources_
+from contextlog.worker.tasks.indexer import Indexer
 from contextlog.worker.tasks.queue import SUMMARIES, Jobs
 from contextlog.worker.tasks.resources import Resources
 from contextlog.worker.tasks.rqworker import ContextlogWorker
@@ -135,7 +137,12 @@ def relay(
     client = client or redis_client(settings)
     queue = queue or queue_client(settings)
     timeout = int(settings.summary_timeout * settings.summary_attempts * 2) + 60
-    return Relay(RedisNotifier(client), Jobs(queue, job_timeout=timeout), Timers(queue))
+    return Relay(
+        RedisNotifier(client),
+        Jobs(queue, job_timeout=timeout),
+        Timers(queue),
+        scrubber=Scrubber(client, queue),
+    )
 
 
 def open_event_log(
@@ -366,21 +373,31 @@ def worker_name(settings: Settings) -> str:
 
 
 def sweep_forever(settings: Settings, stop: threading.Event) -> None:
-    """The worker's reconciliation: at start, then every CONTEXTLOG_SWEEP_SECONDS, queue
-    again the summaries whose jobs were lost and re-arm the idle timers Redis lost
-    (Redis data loss, a worker that died in a job). No error ends it (see `Loop`)."""
+    """The worker's reconciliation and upkeep: at start, then every
+    CONTEXTLOG_SWEEP_SECONDS, queue again the summaries whose jobs were lost and re-arm the
+    idle timers Redis lost (Redis data loss, a worker that died in a job), index messages
+    stored before search existed, and apply the retention policy. No error ends it (see
+    `Loop`)."""
     res = resources()
     client = queue_client(settings)
     jobs = relay(settings, queue=client).jobs
+    connect = pg_connector(settings)
 
     def cycle() -> None:
         if n := jobs.requeue_pending(res.reader, res.clock.now(), SUMMARY_GRACE_S):
             log.info("lost summary jobs queued again", count=n)
         if n := idle.sweep(res.reader, res.timers, res.clock.now()):
             log.info("idle timers re-armed", count=n)
+        retention.backfill_step(connect)
+        retention.run_step(settings, connect, res.producer, res.clock.now())
 
     beat = Heartbeat(client, worker_name(settings), settings.sweep_seconds)
     Loop("sweeper", cycle, settings.sweep_seconds, beat, res.clock, stop).run()
+
+
+def index_forever(settings: Settings, stop: threading.Event) -> None:
+    """The worker's search indexer (tasks/indexer.py), until `stop` is set."""
+    Indexer(pg_connector(settings), stop).run()
 
 
 WEBHOOK_POLL_S = 0.5  # how often the dispatcher looks for notices when it found none

@@ -12,7 +12,12 @@ from urllib.parse import parse_qs, urlsplit
 from contextlog.producers import connection
 from contextlog.producers.connection import redact
 from contextlog.schema import codec, keys, signing
-from contextlog.schema.defaults import REPLICA_MAX_LAG, REPLICA_WAIT, ConversationDefaults
+from contextlog.schema.defaults import (
+    REPLICA_MAX_LAG,
+    REPLICA_WAIT,
+    ConversationDefaults,
+    Retention,
+)
 from contextlog.schema.errors import ConfigError
 
 DEFAULT_REDIS_URL: Final = "redis://127.0.0.1:6379/0"
@@ -35,6 +40,9 @@ DEFAULT_SUMMARY_MODEL: Final = "claude-haiku-4-5"
 DEFAULT_SUMMARY_ATTEMPTS: Final = 4
 DEFAULT_SUMMARY_TIMEOUT: Final = 30.0
 DEFAULT_SWEEP_SECONDS: Final = 300.0
+# Conversations one retention step drops (and tells to expire sessions) at most; the
+# rest wait for the next sweep.
+DEFAULT_RETENTION_BATCH: Final = 200
 DEFAULT_DASHBOARD_BIND: Final = "127.0.0.1"
 # Seconds a process (ingest, worker) may take to stop after SIGTERM before it exits at once
 # (worker.app.signals): under the 10 s most supervisors wait before their SIGKILL.
@@ -97,6 +105,11 @@ class Settings:
     summary_attempts: int = DEFAULT_SUMMARY_ATTEMPTS
     summary_timeout: float = DEFAULT_SUMMARY_TIMEOUT
     sweep_seconds: float = DEFAULT_SWEEP_SECONDS
+    retention: Retention = dataclasses.field(default_factory=Retention)
+    retention_batch: int = DEFAULT_RETENTION_BATCH
+    # Where the retention step archives a conversation before dropping it (`contextlog
+    # retire`'s files); None: dropped without an archive.
+    retention_archive: str | None = None
     dashboard_bind: str = DEFAULT_DASHBOARD_BIND
     dashboard_port: int = DEFAULT_DASHBOARD_PORT
     dashboard_user: str | None = None
@@ -175,6 +188,11 @@ class Settings:
             sweep_seconds=r.get(
                 "CONTEXTLOG_SWEEP_SECONDS", DEFAULT_SWEEP_SECONDS, _float_in(1, 86400)
             ),
+            retention=Retention.from_env(env),
+            retention_batch=r.get(
+                "CONTEXTLOG_RETENTION_BATCH", DEFAULT_RETENTION_BATCH, _int_in(1, 100_000)
+            ),
+            retention_archive=r.get("CONTEXTLOG_RETENTION_ARCHIVE", None, _directory),
             dashboard_bind=r.get("CONTEXTLOG_DASHBOARD_BIND", DEFAULT_DASHBOARD_BIND, _name),
             dashboard_port=r.get(
                 "CONTEXTLOG_DASHBOARD_PORT", DEFAULT_DASHBOARD_PORT, _int_in(1, 65535)
@@ -345,6 +363,12 @@ def _redis_url(name: str, raw: str) -> str:
 def _database_url(name: str, raw: str) -> str:
     if urlsplit(raw).scheme not in ("postgresql", "postgres"):
         raise ConfigError(f"{name} is not a postgresql:// URL: {redact(raw)!r}")
+    return raw
+
+
+def _directory(name: str, raw: str) -> str:
+    if not os.path.isdir(raw):
+        raise ConfigError(f"{name} is not an existing directory: {raw!r}")
     return raw
 
 

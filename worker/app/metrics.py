@@ -36,6 +36,33 @@ SUMMARY_UNSTORABLE = Counter(
 )  # action: sanitised, failed
 
 
+RETENTION_DROPPED = Counter(
+    "contextlog_retention_conversations", "Conversations the retention step dropped whole"
+)
+RETENTION_EVENTS = Counter("contextlog_retention_events", "Events the retention step removed")
+RETENTION_EXPIRING = Counter(
+    "contextlog_retention_expiring",
+    "Conversations the retention step told to expire sessions (expire_sessions.v1 pushed)",
+)
+RETENTION_DUE = Gauge(
+    "contextlog_retention_due",
+    "Conversations past their retention at the last step: left for the next, or pinned",
+    ["state"],
+)  # state: left (beyond the step's bound), pinned (a live session holds them)
+SEARCH_INDEXED = Counter(
+    "contextlog_search_indexed", "Messages the search indexer took from its queue"
+)
+SEARCH_BACKFILL = Gauge(
+    "contextlog_search_backfill_left",
+    "Events stored before search existed that are not indexed yet (the sweeper indexes them)",
+)
+ERASED = Counter(
+    "contextlog_erased_events",
+    "Events an erase redacted, dropped or blanked (counted when its Redis scrub ran)",
+    ["scope"],
+)
+
+
 def serve(port: int | None, bind: str = "127.0.0.1") -> None:
     """Expose /metrics on `port` (nothing when None)."""
     if port is not None:

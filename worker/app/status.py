@@ -85,6 +85,19 @@ class QueueStatus(msgspec.Struct, frozen=True):
     overdue: int  # scheduled jobs past their time: nobody runs the scheduler
 
 
+class RetentionStatus(msgspec.Struct, frozen=True):
+    """The last retention step (worker/store/policy.py): when, what it removed, what waits."""
+
+    started_at: dt.datetime
+    finished_at: dt.datetime | None  # None: it is running, or its worker died in it
+    conversations: int  # dropped whole
+    events: int
+    expiring: int  # conversations told to expire sessions
+    pinned: int  # past their retention, held by a live session
+    left_due: int  # past their retention, beyond the step's bound: the next step's
+    error: str | None
+
+
 class Status(msgspec.Struct, frozen=True):
     """The whole report; `healthy` is false when work waits that nothing will do."""
 
@@ -102,9 +115,15 @@ class Status(msgspec.Struct, frozen=True):
     oldest_pending_summary_age_s: float | None = None
     effects_waiting: int = 0  # notices and jobs committed but not yet relayed
     redis: list[RedisNode] = []
+    # Messages stored before search existed that the worker has not indexed yet.
+    search_backfill_left: int = 0
+    search_waiting: int = 0  # messages queued for the workers' search indexer
+    search_lag_s: float | None = None  # how long the oldest of them has waited
+    retention: RetentionStatus | None = None  # the last retention step; None: none ran
 
 
 OVERDUE_S = 120.0  # a timer this late means no scheduler is running
+SEARCH_STALE_S = 120.0  # a message unindexed this long: no worker's indexer runs
 
 
 def _group(client: Any, stream: str) -> dict[str, Any] | None:
@@ -377,7 +396,19 @@ def gather(
     lock = q.get(f"rq:scheduler-lock:{IDLE}")
     backlog, oldest = conn.execute(query("summary_backlog")).fetchone() or (0, None)
     (waiting,) = conn.execute(query("effects_waiting")).fetchone() or (0,)
+    (backfill,) = conn.execute(query("search_backfill_left")).fetchone() or (0,)
+    waiting, oldest = conn.execute(query("search_lag")).fetchone() or (0, None)
+    behind = None if oldest is None else max(0.0, (now - oldest).total_seconds())
+    if behind is not None and behind > SEARCH_STALE_S:
+        problems.append(
+            f"the search index is {waiting} messages behind (the oldest waits {behind:.0f} s):"
+            " is a worker running?"
+        )
+    last = conn.execute(query("retention_last_run")).fetchone()
     conn.rollback()
+    kept = RetentionStatus(*last) if last else None
+    if kept is not None and kept.error:
+        problems.append(f"the last retention step failed: {kept.error}")
     for q in queues:
         if (q.queued or q.overdue) and not workers:
             problems.append(f"queue {q.name} has jobs and no worker is running")
@@ -391,6 +422,10 @@ def gather(
         oldest_pending_summary_age_s=None if oldest is None else (now - oldest).total_seconds(),
         effects_waiting=int(waiting),
         redis=nodes,
+        search_backfill_left=int(backfill),
+        search_waiting=int(waiting),
+        search_lag_s=behind,
+        retention=kept,
         healthy=not problems,
         problems=problems,
         shards=rows,

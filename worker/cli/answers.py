@@ -29,17 +29,26 @@ def stream_end(client: Any, source: str) -> str:
 def answer(client: Any, source: str, after: str, event_id: str, seconds: float) -> nt.Notice | None:
     """The notice about `event_id` published after entry `after`, waiting up to `seconds`
     (0: not at all); None if there is none by then."""
+    return answers(client, source, after, [event_id], seconds).get(event_id)
+
+
+def answers(
+    client: Any, source: str, after: str, event_ids: list[str], seconds: float
+) -> dict[str, nt.Notice]:
+    """The notices about each of `event_ids` published after entry `after`, by event id,
+    waiting up to `seconds` for all of them (those not answered by then are missing)."""
     deadline = time.monotonic() + seconds
     stream = keys.outbox(source)
-    while (left := deadline - time.monotonic()) > 0:
+    wanted, got = set(event_ids), dict[str, nt.Notice]()
+    while wanted - got.keys() and (left := deadline - time.monotonic()) > 0:
         block = max(1, min(BLOCK_MS, int(left * 1000)))
         for _, entries in client.xread({stream: after}, count=100, block=block) or []:
             for entry_id, fields in entries:
                 after = _text(entry_id)
                 found = _notice(fields)
-                if found is not None and found.event_id == event_id:
-                    return found
-    return None
+                if found is not None and found.event_id in wanted:
+                    got.setdefault(found.event_id, found)
+    return got
 
 
 def report(notice: nt.Notice | None, what: str, waited: float) -> int:

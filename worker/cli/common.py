@@ -108,11 +108,19 @@ def queue_client(settings: Settings) -> redis.Redis:
     return bootstrap.queue_client(settings, WAITS)
 
 
-def producer(settings: Settings) -> Producer:
-    """A producer on `REDIS_URL`, as an adapter has one, after checking Redis answers."""
+def producer(settings: Settings, *, operator: bool = False) -> Producer:
+    """A producer on `REDIS_URL`, as an adapter has one, after checking Redis answers;
+    an `operator`'s signs what only workers and operators may send (an erase) with the
+    deployment's key (`bootstrap.signing_key`: the environment's, or Postgres')."""
     client = redis_client(settings)
     check_redis(client)
-    return Producer(client, shards=settings.shards, max_entry_bytes=settings.max_entry_bytes)
+    key = bootstrap.signing_key(settings) if operator else None
+    return Producer(
+        client,
+        shards=settings.shards,
+        max_entry_bytes=settings.max_entry_bytes,
+        signing_key=key,
+    )
 
 
 def pg_connect(settings: Settings) -> psycopg.Connection[TupleRow]:

@@ -30,6 +30,8 @@ from contextlog.worker.cli import acl as cli_acl
 from contextlog.worker.cli import answers
 from contextlog.worker.cli import api as cli_api
 from contextlog.worker.cli import common as cli_common
+from contextlog.worker.cli import erase as cli_erase
+from contextlog.worker.cli import search as cli_search
 from contextlog.worker.cli import sessions as cli_sessions
 from contextlog.worker.cli.common import (
     EXIT_ERROR,
@@ -131,12 +133,25 @@ def _print_status(status: Status) -> None:
             f"{node.redis} {node.node}: {node.used_bytes / (1 << 20):.1f} MiB used of {limit}, "
             f"maxmemory-policy {node.policy}, {node.evicted_keys} keys evicted"
         )
+    if status.search_waiting or status.search_backfill_left:
+        lag = "" if status.search_lag_s is None else f" (oldest {status.search_lag_s:.1f}s)"
+        console.print(
+            f"search: {status.search_waiting} messages waiting for the indexer{lag}, "
+            f"{status.search_backfill_left} older events still to index"
+        )
+    if (r := status.retention) is not None:
+        state = "running" if r.finished_at is None else f"{r.started_at:%Y-%m-%d %H:%M:%S} UTC"
+        console.print(
+            f"retention: last step {state}: dropped {r.conversations} conversations "
+            f"({r.events} events), {r.expiring} told to expire sessions; waiting: "
+            f"{r.left_due} due, {r.pinned} held by a live session"
+        )
     for p in status.problems:
         console.print(Text.assemble(("unhealthy:", "red"), " ", p))
 
 
 # Commands whose outcome ingest publishes as a notice (done, or refused with a reason).
-ANSWERED = frozenset({"save", "restore", "delete-session", "purge-sessions"})
+ANSWERED = frozenset({"save", "restore", "delete-session", "purge-sessions", "search"})
 
 
 def cmd_send(settings: Settings, args: argparse.Namespace) -> int:
@@ -179,6 +194,16 @@ def _send(producer: Any, args: argparse.Namespace) -> str:
         eid = producer.delete_session(args.agent, args.channel, args.session_id, **common)
     elif verb == "purge-sessions":
         eid = producer.purge_sessions(args.agent, args.channel, args.keep, **common)
+    elif verb == "search":
+        eid = producer.search(args.agent, args.channel, args.query, page=args.page, **common)
+    elif verb == "retention":
+        eid = producer.set_retention(
+            args.agent,
+            args.channel,
+            keep_log_days=args.keep_log_days,
+            keep_sessions_days=args.keep_sessions_days,
+            **common,
+        )
     else:
         eid = producer.configure(
             args.agent,
@@ -366,14 +391,29 @@ def _send_parser(sub: Any) -> None:
     )
     purge = verb("purge-sessions", "keep only the newest N sessions")
     purge.add_argument("--keep", type=non_negative, required=True, help="sessions to keep (N)")
+    found = verb("search", "/context search QUERY: this conversation's matches, as a notice")
+    found.add_argument("query", help="what to look for (`contextlog search --help`: syntax)")
+    found.add_argument("--page", type=positive, default=1, help="page N of the matches")
     session = ("session_id", "a saved session's id (`contextlog sessions`), or `last`")
     for answered in (
         save,
         verb("restore", "/context restore", session),
         verb("delete-session", "delete one saved session", session),
         purge,
+        found,
     ):
         cli_common.add_wait(answered)
+    r = verb("retention", "this conversation's retention, over its agent's policy")
+    r.add_argument(
+        "--keep-log-days",
+        type=non_negative,
+        help="keep its log N days after its last activity (0: its agent's policy)",
+    )
+    r.add_argument(
+        "--keep-sessions-days",
+        type=non_negative,
+        help="keep its saved sessions N days (0: its agent's policy)",
+    )
     c = verb("configure", "change conversation settings")
     c.add_argument("--rolling-window", type=_duration, help="history kept in context (e.g. 24h)")
     c.add_argument("--idle-timeout", type=_duration, help="silence before an auto-save (30m; 0)")
@@ -407,6 +447,8 @@ def parser() -> argparse.ArgumentParser:
     cli_sessions.add_parsers(sub)
     cli_api.add_parsers(sub)
     cli_acl.add_parsers(sub)
+    cli_search.add_parser(sub)
+    cli_erase.add_parser(sub)
     return p
 
 
@@ -423,6 +465,8 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     **cli_sessions.COMMANDS,
     **cli_api.COMMANDS,
     **cli_acl.COMMANDS,
+    **cli_search.COMMANDS,
+    **cli_erase.COMMANDS,
 }
 
 

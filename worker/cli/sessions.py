@@ -19,6 +19,7 @@ from contextlog.worker.app.config import Settings
 from contextlog.worker.app.signals import Stopper
 from contextlog.worker.cli import answers, dashboard
 from contextlog.worker.cli import common as cli_common
+from contextlog.worker.cli import erase as cli_erase
 from contextlog.worker.cli.common import console, positive
 from contextlog.worker.store import archive
 from contextlog.worker.tasks.rqworker import run_until_stopped
@@ -81,6 +82,9 @@ def cmd_export(settings: Settings, args: argparse.Namespace) -> int:
         archive.target(Path.cwd(), info.session_id, output),
         overwrite=args.force,
     )
+    # Recorded, so that an erase that reaches the session deletes the file here.
+    with cli_common.pg_connect(settings) as conn:
+        cli_erase.record_export(conn, path, info.agent, info.channel, info.session_id)
     print(path)
     return 0
 
@@ -146,6 +150,9 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     sweeper = threading.Thread(
         target=bootstrap.sweep_forever, args=(settings, stopper.stop), name="sweeper", daemon=True
     )
+    indexer = threading.Thread(
+        target=bootstrap.index_forever, args=(settings, stopper.stop), name="indexer", daemon=True
+    )
     sweeper.start()
     dispatcher = threading.Thread(
         target=bootstrap.dispatch_webhooks_forever,
@@ -154,6 +161,7 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
         daemon=True,
     )
     dispatcher.start()
+    indexer.start()
     try:
         run_until_stopped(
             lambda: bootstrap.build_worker(settings, stopper.request),
@@ -167,6 +175,7 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
         stopper.stop.set()
         sweeper.join(timeout=5)  # it clears its heartbeat on a clean stop
         dispatcher.join(timeout=5)
+        indexer.join(timeout=5)
     return 0
 
 

@@ -33,6 +33,7 @@ HELP = """commands:
   /context save [description]       save the conversation as a session
   /context clear                    start afresh (the log keeps everything)
   /context history [page]           saved sessions, newest first
+  /context search <words>           what this conversation said ("phrase", prefix*, -word)
   /context restore <id|last>        bring a saved session back
   /context settings                 this conversation's settings
   /context settings idle=10m window=24h budget=16000
@@ -222,6 +223,8 @@ class Chat:
             self.history(int(rest[0]) if rest else 1)
         elif verb == "restore" and rest:
             self.producer.restore(*key, rest[0], source=SOURCE)
+        elif verb == "search" and rest:
+            self.producer.search(*key, " ".join(rest), source=SOURCE)
         elif verb == "settings" and rest:
             self.settings(rest)
         elif verb == "settings":

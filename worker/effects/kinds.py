@@ -23,11 +23,12 @@ class Notice(msgspec.Struct, frozen=True, tag="notice"):
 
 
 class Summarize(msgspec.Struct, frozen=True, tag="summarize"):
-    """Queue the summary of a saved session."""
+    """Queue the summary of a saved session (`round`: its summary round, see 017)."""
 
     agent: str
     channel: str
     session_id: str
+    round: int = 0
 
 
 class Compact(msgspec.Struct, frozen=True, tag="compact"):
@@ -45,7 +46,24 @@ class Arm(msgspec.Struct, frozen=True, tag="arm"):
     due: dt.datetime
 
 
-Effect = Notice | Summarize | Compact | Arm
+class Scrub(msgspec.Struct, frozen=True, tag="scrub"):
+    """After an erase committed: take what Redis still holds of it out (`effects.scrub`):
+    entries of the shard's inbound stream before the erase and its dead letters that are
+    the subject's, notices about what was erased, attachment bytes, job records."""
+
+    agent: str
+    shard: int
+    erase_event: str  # the erase's event id: its inbound entry bounds what is scrubbed
+    scope: str
+    subject: str  # the subject's hash (schema.erasure.subject_hash)
+    dropped: list[str] = []  # conversations dropped whole
+    channels: list[str] = []  # conversations dropped or redacted in
+    event_ids: list[str] = []  # the events redacted or dropped
+    sessions: list[list[str]] = []  # [channel, session id] of the sessions touched
+    hashes: list[str] = []  # attachments deleted (sha256, hex)
+
+
+Effect = Notice | Summarize | Compact | Arm | Scrub
 UNKEPT: Final = (Compact, Arm)  # effects a later batch asks for again
 
 

@@ -6,11 +6,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from contextlog.schema import notices as nt
+from contextlog.schema.errors import Unavailable
+from contextlog.worker.app import metrics
 from contextlog.worker.app.clock import Clock, SystemClock
-from contextlog.worker.effects.kinds import Arm, Compact, Effect, Notice, Summarize
+from contextlog.worker.effects.kinds import Arm, Compact, Effect, Notice, Scrub, Summarize
 from contextlog.worker.effects.notify import Notifier
 
 if TYPE_CHECKING:
+    from contextlog.worker.effects.scrub import Scrubber
     from contextlog.worker.tasks.queue import Jobs
     from contextlog.worker.tasks.timers import Timers
 
@@ -24,11 +27,13 @@ class Relay:
         jobs: Jobs,
         timers: Timers | None = None,
         clock: Clock | None = None,
+        scrubber: Scrubber | None = None,
     ) -> None:
         self.notifier = notifier
         self.jobs = jobs
         self.timers = timers
         self.clock = clock or SystemClock()
+        self.scrubber = scrubber  # None: an erase's Redis scrub waits in the outbox
 
     def send(self, effects: Sequence[Effect]) -> None:
         """Jobs, then timers in one round trip, then notices in one.
@@ -38,7 +43,7 @@ class Relay:
         """
         for x in effects:
             if isinstance(x, Summarize):
-                self.jobs.summarize(x.agent, x.channel, x.session_id)
+                self.jobs.summarize(x.agent, x.channel, x.session_id, x.round)
         compact = [(x.agent, x.channel) for x in effects if isinstance(x, Compact)]
         if compact:
             self.jobs.compact_many(compact)
@@ -48,4 +53,11 @@ class Relay:
         notices = [
             (x.source, nt.decode(x.notice.encode())) for x in effects if isinstance(x, Notice)
         ]
+        # An erase's scrub before its notice: whoever hears `erase_done` finds Redis clean.
+        for x in effects:
+            if isinstance(x, Scrub):
+                if self.scrubber is None:
+                    raise Unavailable("no Redis scrubber here: the erase's scrub waits")
+                self.scrubber.scrub(x)
+                metrics.ERASED.labels(x.scope).inc(len(x.event_ids))
         self.notifier.publish(notices)

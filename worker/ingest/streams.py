@@ -100,10 +100,16 @@ class Rejected:
     detail: str
 
 
-def _decode_entries(raw: Iterable[Any]) -> list[Entry]:
+def _decode_entries(raw: Iterable[Any], gone: list[str] | None = None) -> list[Entry]:
+    """The entries of a reply; those deleted while pending (an erase's scrub deletes the
+    subject's stored entries before they are acknowledged; Redis < 7 reports them as
+    nil) are left out, their ids put in `gone` to be acknowledged (or they would stay
+    pending, and hold the trim back, for ever)."""
     out: list[Entry] = []
     for entry_id, fields in raw:
-        if fields is None:  # deleted while pending (Redis < 7 reports these as nil)
+        if not fields:  # nil, which redis-py gives as {} (an entry has a field at least)
+            if gone is not None:
+                gone.append(entry_id.decode() if isinstance(entry_id, bytes) else entry_id)
             continue
         out.append((entry_id.decode(), fields))
     return out
@@ -268,16 +274,19 @@ class Streams:
     def read_own_pending(self, shard: int) -> list[Entry]:
         """Our unacknowledged entries, re-delivered: counts as a delivery (after a restart)."""
         entries: list[Entry] = []
+        gone: list[str] = []
         after = "0"
         while True:
             reply = self.redis.xreadgroup(
                 keys.INGEST_GROUP, self.consumer, {keys.stream(shard): after}, count=PAGE
             )
-            page = _decode_entries(reply[0][1]) if reply else []
+            raw = reply[0][1] if reply else []
+            page = _decode_entries(raw, gone)
             entries += page
-            if len(page) < PAGE:
+            if len(raw) < PAGE:
+                self.ack(shard, gone)
                 return entries
-            after = page[-1][0]
+            after = _s(raw[-1][0])
 
     def reload_own_pending(self, shard: int) -> list[Entry]:
         """Our unacknowledged entries, re-read without counting a delivery (after an outage)."""
@@ -285,7 +294,10 @@ class Streams:
         pipe = self.redis.pipeline(transaction=False)
         for entry_id in ids:
             pipe.xrange(keys.stream(shard), entry_id, entry_id, count=1)
-        return [e for reply in pipe.execute() for e in _decode_entries(reply)]
+        entries = [e for reply in pipe.execute() for e in _decode_entries(reply)]
+        found = {entry_id for entry_id, _ in entries}
+        self.ack(shard, [i for i in ids if i not in found])  # deleted while pending
+        return entries
 
     def claim_from_others(self, shard: int) -> list[Entry]:
         """Take over every entry pending with other consumers; forget consumers left empty.
@@ -300,11 +312,13 @@ class Streams:
             if name == self.consumer:
                 continue
             ids = [_s(r["message_id"]) for r in self._pending(shard, name)]
+            gone: list[str] = []
             for i in range(0, len(ids), PAGE):
                 reply = self.redis.xclaim(
                     stream, keys.INGEST_GROUP, self.consumer, 0, ids[i : i + PAGE]
                 )
-                claimed += _decode_entries(reply)
+                claimed += _decode_entries(reply, gone)
+            self.ack(shard, gone)
             # Redis 6 refuses it when full: the empty consumer is forgotten next time.
             try:
                 self.redis.xgroup_delconsumer(stream, keys.INGEST_GROUP, name)

@@ -30,7 +30,8 @@ from contextlog.worker.effects.relay import Relay
 from contextlog.worker.store import attachments, projection
 from contextlog.worker.store.batch import Accepted as Accepted  # the append's input
 from contextlog.worker.store.batch import EventLog as EventLog
-from contextlog.worker.store.handlers import COMMANDS, handle
+from contextlog.worker.store.handlers import BARRIERS, COMMANDS, handle
+from contextlog.worker.store.locks import REBUILD_LOCK
 from contextlog.worker.store.rows import CopyText, guard_key, insert_params, row_of, unique
 
 # The event id guard: the partitioned table's constraint and its partitions' (a unique
@@ -40,9 +41,11 @@ EVENT_ID_GUARD: Final = re.compile(r"events(_p\d+)?_event_id_key")
 # The SQLSTATE of `contextlog_fence` (008): `advance_checkpoint` fails with it when a newer
 # lease epoch wrote the shard, which rolls the batch back whole.
 FENCED: Final = "CL001"
+# The SQLSTATE of `contextlog_refs_logged` (017): an attachment the batch references was
+# deleted (an erase, retention) after ingest found it stored: the batch is rolled back and
+# its entries read again, which brings the bytes from Redis anew.
+ATTACHMENT_GONE: Final = "CL002"
 
-# Held exclusively by `contextlog rebuild`, shared by every ingest transaction.
-REBUILD_LOCK: Final = 0x72656275  # "rebu"
 
 IDLE: Final = TransactionStatus.IDLE
 
@@ -125,6 +128,8 @@ class PostgresEventLog:
         except psycopg.DatabaseError as e:
             if e.sqlstate == FENCED:
                 raise Fenced(f"shard {shard}: epoch {epoch} is older than the last writer's") from e
+            if e.sqlstate == ATTACHMENT_GONE:
+                raise Unavailable(f"shard {shard}: {e.diag.message_primary}; reading again") from e
             raise
 
     def epochs(self) -> dict[int, int]:
@@ -240,9 +245,10 @@ class PostgresEventLog:
                     query("count_checkpoint_events"),
                     {"shard": checkpoint["shard"], "events": len(fresh)},
                 )
-            effects = self._insert(cur, fresh) if fresh else []
+            # The bytes first: the events' references are checked against them (017).
             if any(a.blobs for a in fresh):
                 attachments.insert(cur, fresh)
+            effects = self._insert(cur, fresh) if fresh else []
             ids = self.outbox.keep(cur, effects)
         return len(fresh), effects, ids
 
@@ -269,7 +275,7 @@ class PostgresEventLog:
         at = self.now()
         with_rows = [(a, row_of(a.event, at)) for a in fresh]
         for segment in projection.rounds(
-            with_rows, _row_conversation, _row_is_command, _row_is_setting
+            with_rows, _row_conversation, _row_is_command, _row_is_setting, _row_is_barrier
         ):
             rows = [row for _, row in segment]
             convs, threads = projection.fold(rows)
@@ -349,6 +355,10 @@ def _row_is_command(item: tuple[Accepted, projection.Row]) -> bool:
 
 def _row_is_setting(item: tuple[Accepted, projection.Row]) -> bool:
     return item[1].kind == projection.CONFIGURE
+
+
+def _row_is_barrier(item: tuple[Accepted, projection.Row]) -> bool:
+    return item[1].kind in BARRIERS
 
 
 class MemoryEventLog:

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 import msgspec
-import psycopg
 import structlog
-from psycopg.rows import TupleRow, class_row
 
 from contextlog.producers.context import CUT_AT, StoredMessage, estimate_tokens
 from contextlog.producers.history import SessionMessage
@@ -23,12 +21,13 @@ from contextlog.schema import events as ev
 from contextlog.schema import notices as nt
 from contextlog.schema.defaults import ConversationDefaults
 from contextlog.schema.queries import query
-from contextlog.worker.effects.kinds import Effect, Notice, Summarize
-from contextlog.worker.store import sessions
+from contextlog.worker.effects.kinds import Effect, Summarize
+from contextlog.worker.store import erase, policy, search, sessions
+from contextlog.worker.store.replies import Cursor, notice, refused
+from contextlog.worker.store.replies import key as _key
+from contextlog.worker.store.replies import rows_as as _rows_as
 
-Cursor = psycopg.Cursor[TupleRow]
 log = structlog.get_logger("contextlog.handlers")
-T = TypeVar("T")
 
 
 class FoundSession(NamedTuple):
@@ -40,42 +39,6 @@ class FoundSession(NamedTuple):
     seqs: list[int]
     deleted_at: dt.datetime | None
     summary: str | None
-
-
-def _rows_as(cur: Cursor, shape: type[T]) -> psycopg.Cursor[T]:
-    """A cursor in `cur`'s transaction whose rows are `shape`s, built by column name (a
-    query whose columns stop matching the fields fails, rather than shifting them)."""
-    return cur.connection.cursor(row_factory=class_row(shape))
-
-
-def notice(
-    e: ev.Event, kind: str, text: str | None, source: str | None = None, **fields: Any
-) -> list[Effect]:
-    """A notice about event `e` for its adapter (none if the event named no source)."""
-    source = source or e.source
-    if source is None:
-        return []
-    n = nt.Notice(
-        notice_id=f"{e.event_id}:{kind}",
-        kind=kind,
-        agent=e.agent,
-        channel=e.channel,
-        thread=e.thread,
-        occurred_at=e.occurred_at,
-        text=text,
-        event_id=str(e.event_id),
-        **fields,
-    )
-    return [Notice(source, nt.encode(n).decode())]
-
-
-def refused(e: ev.Event, reason: str) -> list[Effect]:
-    """A command that changed nothing; the adapter learns why."""
-    return notice(e, nt.COMMAND_REFUSED, reason)
-
-
-def _key(e: ev.Event) -> dict[str, Any]:
-    return {"agent": e.agent, "channel": e.channel}
 
 
 def on_clear(
@@ -103,8 +66,10 @@ def clear_segments(
     kind: str,
     note: str | None,
     note_session: str | None = None,
+    session: str | None = None,
 ) -> None:
-    """Every thread of the conversation starts an empty segment after `seq`."""
+    """Every thread of the conversation starts an empty segment after `seq` (`session`:
+    the restored session its note is about)."""
     params = {
         **_key(e),
         "seq": seq,
@@ -112,6 +77,7 @@ def clear_segments(
         "kind": kind,
         "note": note,
         "note_session": note_session,
+        "session": session,
     }
     cur.execute(query("clear_segments"), params)
 
@@ -132,7 +98,7 @@ def on_save(
         at,
         rows,
         description=e.description,
-        base=None,
+        base=_kept_id(e),
         first=first,
         auto=e.auto,
         extra={"provider": e.provider, "model": e.model},
@@ -196,6 +162,12 @@ def create_session(
     return effects
 
 
+def _kept_id(e: ev.Event) -> str | None:
+    """The id a session had when an erase redacted what it was made from (its first
+    message, its description): a replay of the redacted log gives it that id again."""
+    return e.erased.session_id if e.erased is not None else None
+
+
 def _find(cur: Cursor, e: ev.Event, ref: str) -> FoundSession | str:
     """This conversation's live session `ref` (or the newest for "last"), or why not."""
     found = _rows_as(cur, FoundSession)
@@ -227,7 +199,7 @@ def on_restore(
     created = cur.execute(query("session_created"), params).fetchone()
     saved, imported = (created[0], created[1]) if created else (None, None)
     note = sessions.restore_note(sid, imported or saved, found.summary, imported is not None)
-    clear_segments(cur, e, seq, at, "restore", note, None if found.summary else sid)
+    clear_segments(cur, e, seq, at, "restore", note, None if found.summary else sid, sid)
     budget = cur.execute(query("conversation_budget"), {**_key(e), "default": d.token_budget})
     (limit,) = budget.fetchone() or (d.token_budget,)
     by_thread = _restored_by_thread(cur, params)
@@ -291,9 +263,13 @@ def on_summary(
         "summary": e.summary,
         "local": e.local,
         "failed": e.failed,
+        "round": e.round,
     }
     row = cur.execute(query("set_summary"), params).fetchone()
     if row is None:
+        if cur.execute(query("stale_summary"), params).fetchone() is not None:
+            # Written before an erase touched the session's messages: it may tell them.
+            cur.execute(query("blank_summary"), {**_key(e), "seq": seq})
         return []  # a session that is gone or already summarised
     if not e.failed:
         text = f"The summary of the resumed session {e.session_id}: {e.summary}"
@@ -321,6 +297,8 @@ def on_compaction(
     key = {**_key(e), "thread": e.thread or ""}
     found = cur.execute(query("segment_of"), key).fetchone()
     if found is None or e.through_seq == 0 or not _current(cur, e, found[0]):
+        # Never used, and it may tell messages erased since the job read them.
+        cur.execute(query("blank_summary"), {**_key(e), "seq": seq})
         return []
     if e.through_seq >= seq or e.seen_seq >= seq:
         # A position the log had not reached when the result came: never applied (a
@@ -399,7 +377,7 @@ def on_import(
     if len(found) != e.message_count:
         return refused(e, f"import incomplete: {len(found)} of {e.message_count} messages arrived")
     rows = found[::-1]  # oldest first, as save_window's
-    base = e.session_id if sessions.SESSION_ID.match(e.session_id) else None
+    base = _kept_id(e) or (e.session_id if sessions.SESSION_ID.match(e.session_id) else None)
     return create_session(
         cur,
         e,
@@ -427,9 +405,18 @@ HANDLERS: dict[type, Handler] = {
     ev.ContextCompacted: on_compaction,
     ev.SessionImported: on_import,
     ev.FrameSet: on_frame,
+    ev.SearchRequested: search.on_search,
+    ev.RetentionSet: policy.on_retention_set,
+    ev.SessionsExpired: policy.on_sessions_expired,
+    ev.EraseRequested: erase.on_erase,
 }
 # The kinds after which ingest splits a batch (they read the projections as of themselves).
 COMMANDS = frozenset(ev.TAGS[cls] for cls in HANDLERS)
+# Commands that only answer (change no projection): a rebuild does not run them again.
+ANSWERS = frozenset({ev.TAGS[ev.SearchRequested]})
+# Commands that reach other conversations than their own: each is a round alone
+# (`projection.rounds`), so live ingest and a replay apply it to the same log.
+BARRIERS = frozenset({ev.TAGS[ev.EraseRequested]})
 
 
 def handle(

@@ -266,13 +266,34 @@ def rounds(
     key: Callable[[T], K],
     is_command: Callable[[T], bool],
     starts: Callable[[T], bool] = lambda _: False,
+    barrier: Callable[[T], bool] = lambda _: False,
 ) -> Iterator[list[T]]:
     """Split a batch so each command's handler sees its conversation's projections as of
     itself: round k holds each conversation's events up to and including its k-th
     command. An event that `starts` a round (a setting: it is folded in at the start of
     its round, so it must not reach the events before it) begins a new one. Only a
     conversation's own order matters (sequence numbers are per conversation), so a batch
-    needs as many rounds as its busiest conversation has commands, usually one."""
+    needs as many rounds as its busiest conversation has commands, usually one. A
+    `barrier` (a command that reaches other conversations: an erase) is a round alone,
+    after every event before it in the batch and before every event after it, so its log
+    position, and what it sees, are the same live and in a replay."""
+    part: list[T] = []
+    for item in items:
+        if barrier(item):
+            yield from _rounds(part, key, is_command, starts)
+            part = []
+            yield [item]
+        else:
+            part.append(item)
+    yield from _rounds(part, key, is_command, starts)
+
+
+def _rounds(
+    items: Sequence[T],
+    key: Callable[[T], K],
+    is_command: Callable[[T], bool],
+    starts: Callable[[T], bool],
+) -> Iterator[list[T]]:
     per_conv: dict[K, list[list[T]]] = {}
     for item in items:
         parts = per_conv.setdefault(key(item), [[]])

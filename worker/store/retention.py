@@ -9,11 +9,16 @@ what a replay of the remaining log gives. A conversation with a live (not delete
 session is refused: the session references its events. `restore` puts an archive's
 rows back with their positions and seqs; `contextlog rebuild` then derives the
 projections again. Attachments stay (stored once by hash, other conversations may hold
-the same bytes).
+the same bytes; an archive references them).
+
+`drop` is the same step for the retention policy (worker/store/policy.py): each
+conversation with a cut-off of its own, the archive optional, and without an archive the
+attachments that no other event references are deleted too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -27,7 +32,7 @@ from psycopg.rows import TupleRow
 
 from contextlog.schema.errors import Refused
 from contextlog.schema.queries import query
-from contextlog.worker.store.eventlog import REBUILD_LOCK
+from contextlog.worker.store.locks import REBUILD_LOCK
 
 ARCHIVE_PREFIX: Final = "retired-"
 RESTORE_CHUNK: Final = 5_000
@@ -81,22 +86,81 @@ def retire(
     return done
 
 
+def drop(
+    conn: psycopg.Connection[TupleRow],
+    due: list[tuple[str, str, dt.datetime]],
+    *,
+    archive: Path | None,
+    now: dt.datetime,
+) -> Retired:
+    """Drop each (agent, channel) still silent since its own cut-off and unreferenced,
+    archived into a new file in `archive` when given (else its unreferenced attachments
+    go too); one transaction each. Returns what went (`archive`: the file, or none)."""
+    done = Retired(Path())
+    if not due:
+        return done
+    with contextlib.ExitStack() as stack:
+        out = None
+        if archive is not None:
+            done.archive, out = _new_archive(archive, now)
+            stack.enter_context(out)
+        for agent, channel, before in due:
+            n = _retire_one(conn, out, agent, channel, before)
+            if n is not None:
+                done.conversations.append((agent, channel))
+                done.events += n
+    return done
+
+
+def _new_archive(directory: Path, now: dt.datetime) -> tuple[Path, IO[str]]:
+    """A new archive file for a run at `now` (a second run at the same instant, after a
+    crash, gets `-2`, `-3`...): created here, never an existing one overwritten."""
+    first = archive_path(directory, now)
+    n = 1
+    while True:
+        path = first if n == 1 else first.with_name(f"{first.stem}-{n}{first.suffix}")
+        try:
+            return path, path.open("x", encoding="utf-8")
+        except FileExistsError:
+            n += 1
+
+
 def _retire_one(
-    conn: psycopg.Connection[TupleRow], out: IO[str], agent: str, channel: str, before: dt.datetime
+    conn: psycopg.Connection[TupleRow],
+    out: IO[str] | None,
+    agent: str,
+    channel: str,
+    before: dt.datetime,
 ) -> int | None:
-    """One conversation, in its own transaction: None if it woke up or got a session."""
+    """One conversation, in its own transaction: None if it woke up or got a session.
+    Archived into `out` first when given; else the attachments it alone referenced go."""
     key = {"agent": agent, "channel": channel, "before": before, "rebuild_lock": REBUILD_LOCK}
     with conn.transaction(), conn.cursor() as cur:
         if cur.execute(query("retire_lock"), key).fetchone() is None:
             return None
-        for (line,) in cur.execute(query("retire_events"), key):
-            out.write(line + "\n")
-        # On disk before the rows go: a crash after this leaves them in both places
-        # (a restore then refuses, the log still has them), never in neither.
-        out.flush()
-        os.fsync(out.fileno())
-        (deleted,) = cur.execute(query("retire_delete"), key).fetchone() or (0,)
+        if out is not None:
+            for (line,) in cur.execute(query("retire_events"), key):
+                out.write(line + "\n")
+            # On disk before the rows go: a crash after this leaves them in both places
+            # (a restore then refuses, the log still has them), never in neither.
+            out.flush()
+            os.fsync(out.fileno())
+        (deleted, hashes) = cur.execute(query("retire_delete"), key).fetchone() or (0, [])
+        if out is None:
+            drop_attachments(cur, list(hashes))
     return int(deleted)
+
+
+def drop_attachments(cur: psycopg.Cursor[TupleRow], hashes: list[bytes]) -> list[bytes]:
+    """Delete those of these attachments that no event references any more (in the
+    caller's transaction, after their references went); returns the ones deleted. Each is
+    locked first, so a batch that references one concurrently is seen (or fails, CL002,
+    and is read again)."""
+    if not hashes:
+        return []
+    cur.execute(query("lock_attachments"), {"hashes": hashes})
+    rows = cur.execute(query("drop_unreferenced_attachments"), {"hashes": hashes}).fetchall()
+    return [bytes(sha) for (sha,) in rows]
 
 
 def restore(conn: psycopg.Connection[TupleRow], archive: Path) -> int:

@@ -35,15 +35,16 @@ log = structlog.get_logger("contextlog.jobs")
 # -- the core, called with explicit resources ---------------------------------------
 
 
-def run_summary(res: Resources, agent: str, channel: str, session_id: str) -> str:
-    """Summarise a session's messages and push the summary as an event."""
+def run_summary(res: Resources, agent: str, channel: str, session_id: str, round: int = 0) -> str:
+    """Summarise a session's messages and push the summary (of its summary `round`) as an
+    event."""
     try:
         info, messages = res.reader.session_messages(session_id, agent=agent, channel=channel)
     except Refused as e:
         log.info("session gone, no summary", agent=agent, channel=channel, reason=str(e))
         return "skipped"
     summary = res.summarizer.summarize([(m.role, m.content) for m in messages], purpose="session")
-    summary = _push_summary(res, agent, channel, info.session_id, summary)
+    summary = _push_summary(res, agent, channel, info.session_id, summary, round)
     metrics.SUMMARIES.labels(
         "failed" if summary.failed else "local" if summary.local else "api"
     ).inc()
@@ -59,7 +60,7 @@ def run_summary(res: Resources, agent: str, channel: str, session_id: str) -> st
 
 
 def _push_summary(
-    res: Resources, agent: str, channel: str, session_id: str, summary: Summary
+    res: Resources, agent: str, channel: str, session_id: str, summary: Summary, round: int = 0
 ) -> Summary:
     """Push the summary as an event, made storable first (NUL removed, cut to the
     contract's length); one the contract still refuses is recorded as failed, so the
@@ -70,8 +71,9 @@ def _push_summary(
     if changed:
         metrics.SUMMARY_UNSTORABLE.labels("sanitised").inc()
         log.warning("summary sanitised to fit the event contract", session_id=session_id)
+    about = f"summary\x00{agent}\x00{channel}\x00{session_id}" + (f"\x00{round}" if round else "")
     event = ev.SummaryGenerated(
-        event_id=derived_id(JOB_SOURCE, f"summary\x00{agent}\x00{channel}\x00{session_id}"),
+        event_id=derived_id(JOB_SOURCE, about),
         agent=agent,
         channel=channel,
         occurred_at=res.clock.now(),
@@ -79,6 +81,7 @@ def _push_summary(
         summary=text,
         local=summary.local,
         failed=summary.failed,
+        round=round,
     )
     try:
         res.producer.push(event)
@@ -159,9 +162,9 @@ def _compact(res: Resources, agent: str, channel: str) -> str:
 # -- RQ entry points ------------------------------------------------------------------
 
 
-def summarize_session(agent: str, channel: str, session_id: str) -> str:
-    """RQ job: the summary of one saved session."""
-    return run_summary(current(), agent, channel, session_id)
+def summarize_session(agent: str, channel: str, session_id: str, round: str = "0") -> str:
+    """RQ job: the summary of one saved session (of its summary round, after an erase)."""
+    return run_summary(current(), agent, channel, session_id, int(round))
 
 
 def compact_conversation(agent: str, channel: str) -> str:

@@ -55,6 +55,17 @@ def job_key(*parts: str) -> str:
     return hashlib.sha1("\x00".join(parts).encode()).hexdigest()[:20]
 
 
+def summary_job_id(agent: str, channel: str, session_id: str, round: int = 0) -> str:
+    """The RQ job id of a session's summary (of a summary round after the first)."""
+    parts = (agent, channel, session_id, *((str(round),) if round else ()))
+    return f"summarize-{job_key(*parts)}"
+
+
+def compaction_job_id(agent: str, channel: str) -> str:
+    """The RQ job id of a conversation's compaction."""
+    return f"compact-{job_key(agent, channel)}"
+
+
 class Jobs:
     """Enqueues contextlog's jobs; a job still queued or running is not queued twice."""
 
@@ -63,12 +74,16 @@ class Jobs:
         self.job_timeout = job_timeout
         self._claim = client.register_script(_CLAIM)
 
-    def summarize(self, agent: str, channel: str, session_id: str) -> bool:
-        """Queue the summary of a saved session; False if it is already queued."""
+    def summarize(self, agent: str, channel: str, session_id: str, round: int = 0) -> bool:
+        """Queue the summary of a saved session (of its summary `round`: an erase asks
+        for a new one); False if it is already queued."""
+        args: tuple[str, ...] = (agent, channel, session_id)
+        if round:
+            args = (*args, str(round))
         return self._enqueue(
             f"{JOBS_MODULE}.summarize_session",
-            (agent, channel, session_id),
-            job_id=f"summarize-{job_key(agent, channel, session_id)}",
+            args,
+            job_id=summary_job_id(agent, channel, session_id, round),
             description=f"summarize session {session_id} ({agent}/{channel})",
             result_ttl=RESULT_TTL,
         )
@@ -89,7 +104,7 @@ class Jobs:
         return self._enqueue(
             f"{JOBS_MODULE}.compact_conversation",
             (agent, channel),
-            job_id=f"compact-{job_key(agent, channel)}",
+            job_id=compaction_job_id(agent, channel),
             description=f"compact context ({agent}/{channel})",
             # Removed when done, so the next compaction of this conversation can queue.
             result_ttl=0,
@@ -170,4 +185,4 @@ class Jobs:
         params = {"now": now, "grace": grace, "limit": 10_000}
         with reader.connection() as conn:
             rows = conn.execute(query("pending_summaries"), params).fetchall()
-        return sum(self.summarize(*row) for row in rows)
+        return sum(self.summarize(a, c, sid, int(r)) for a, c, sid, r in rows)

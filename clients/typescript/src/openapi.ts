@@ -892,6 +892,31 @@ export interface components {
             local?: boolean;
             /** @default false */
             failed?: boolean;
+            /** @default null */
+            hits?: components["schemas"]["NoticeHit"][] | null;
+            /** @default null */
+            total?: number | null;
+            /** @default null */
+            page?: number | null;
+        };
+        /**
+         * NoticeHit
+         * @description One message a `/context search` found (see `producers.search.SearchHit`).
+         */
+        NoticeHit: {
+            channel: string;
+            /** @default null */
+            thread?: string | null;
+            seq: number;
+            event_id: string;
+            /** Format: date-time */
+            at: string;
+            /** @default null */
+            sender?: string | null;
+            role: string;
+            snippet: string;
+            /** @default [] */
+            sessions?: string[];
         };
         /**
          * Problem
@@ -1038,6 +1063,20 @@ export interface components {
             agent: string;
             /** @description 1-200 characters, no control, format or separator characters */
             channel: string;
+        };
+        /**
+         * RetentionStatus
+         * @description The last retention step (worker/store/policy.py): when, what it removed, what waits.
+         */
+        RetentionStatus: {
+            started_at: string;
+            finished_at: string | null;
+            conversations: number;
+            events: number;
+            expiring: number;
+            pinned: number;
+            left_due: number;
+            error: string | null;
         };
         /**
          * SaveIn
@@ -1226,6 +1265,14 @@ export interface components {
             effects_waiting?: number;
             /** @default [] */
             redis?: components["schemas"]["RedisNode"][];
+            /** @default 0 */
+            search_backfill_left?: number;
+            /** @default 0 */
+            search_waiting?: number;
+            /** @default null */
+            search_lag_s?: number | null;
+            /** @default null */
+            retention?: components["schemas"]["RetentionStatus"] | null;
         };
         /**
          * TurnIn
