@@ -65,18 +65,24 @@ def env_seconds(env: Mapping[str, str], name: str, default: int, lowest: int) ->
     return value
 
 
-def env_int(env: Mapping[str, str], name: str, default: int, lowest: int) -> int:
-    """A whole-number setting from `env`: `default` when unset or blank, else at least `lowest`."""
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
+def whole(name: str, raw: str, lowest: int, highest: int | None = None) -> int:
+    """The whole number a setting `name` holds, at least `lowest` (and at most `highest`):
+    the one rule of every whole-number setting (`ConfigError` naming it otherwise)."""
     try:
         value = int(raw)
     except ValueError:
         raise ConfigError(f"{name} is not a whole number: {raw!r}") from None
+    if highest is not None and not lowest <= value <= highest:
+        raise ConfigError(f"{name} must be between {lowest} and {highest}: {raw!r}")
     if value < lowest:
         raise ConfigError(f"{name} must be at least {lowest}: {raw!r}")
     return value
+
+
+def env_int(env: Mapping[str, str], name: str, default: int, lowest: int) -> int:
+    """A whole-number setting from `env`: `default` when unset or blank, else at least `lowest`."""
+    raw = env.get(name, "").strip()
+    return whole(name, raw, lowest) if raw else default
 
 
 FOREVER: Final = -1  # a retention that keeps for ever (where a default would not)

@@ -10,6 +10,7 @@ import zlib
 from collections.abc import Mapping
 from typing import Final
 
+from contextlog.schema.defaults import whole
 from contextlog.schema.errors import ConfigError
 
 DEFAULT_SHARDS: Final = 4
@@ -99,13 +100,7 @@ def shards_from_env(env: Mapping[str, str]) -> int:
     raw = env.get(SHARDS_VAR)
     if raw is None or raw == "":
         return DEFAULT_SHARDS
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{SHARDS_VAR} is not a whole number: {raw!r}") from None
-    if not 1 <= value <= MAX_SHARDS:
-        raise ConfigError(f"{SHARDS_VAR} must be between 1 and {MAX_SHARDS}: {raw!r}")
-    return value
+    return whole(SHARDS_VAR, raw, 1, MAX_SHARDS)
 
 
 def check_shards(recorded: bytes | str | None, shards: int) -> None:

@@ -17,6 +17,7 @@ from contextlog.schema.defaults import (
     REPLICA_WAIT,
     ConversationDefaults,
     Retention,
+    whole,
 )
 from contextlog.schema.errors import ConfigError
 
@@ -393,16 +394,7 @@ def _http_url(name: str, raw: str) -> str:
 
 
 def _int_in(lo: int, hi: int) -> Callable[[str, str], int]:
-    def parse(name: str, raw: str) -> int:
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ConfigError(f"{name} is not a whole number: {raw!r}") from None
-        if not lo <= value <= hi:
-            raise ConfigError(f"{name} must be between {lo} and {hi}: {raw!r}")
-        return value
-
-    return parse
+    return lambda name, raw: whole(name, raw, lo, hi)
 
 
 def _float_in(lo: float, hi: float) -> Callable[[str, str], float]:
