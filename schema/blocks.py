@@ -412,3 +412,25 @@ def starts_anew(content: Sequence[Any]) -> bool:
 def decode_raw(raws: Sequence[msgspec.Raw]) -> list[Any]:
     """Raw blocks as plain JSON values (dicts), for counting."""
     return [msgspec.json.decode(raw) for raw in raws]
+
+
+def text_of(content: object, *, tools: bool = True) -> str:
+    """The readable text of a message's content: its text blocks, and with `tools` the
+    text of tool results and each tool call's name in brackets (a preview, a session's
+    first message); without, only what a person wrote (a summary's quote)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, Sequence):
+        return ""
+    parts: list[str] = []
+    for block in content:
+        if not isinstance(block, Mapping):
+            continue
+        kind = block.get("type")
+        if kind == "text" and isinstance(block.get("text"), str):
+            parts.append(block["text"])
+        elif tools and kind == "tool_result":
+            parts.append(text_of(block.get("content", "")))
+        elif tools and kind == "tool_use":
+            parts.append(f"[{block.get('name', 'tool')}]")
+    return " ".join(p for p in parts if p)

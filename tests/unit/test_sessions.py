@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from contextlog.producers.context import StoredMessage, build_context
 from contextlog.producers.history import SessionInfo, SessionMessage
+from contextlog.schema import blocks
 from contextlog.schema import events as ev
 from contextlog.schema.errors import Refused
 from contextlog.worker.store import archive, sessions
@@ -75,7 +76,7 @@ def test_text_of_reads_blocks() -> None:
         {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "4C"}]},
         {"type": "text", "text": "and sunny"},
     ]
-    assert sessions.text_of(content) == "4C and sunny"
+    assert blocks.text_of(content) == "4C and sunny"
 
 
 def msg(seq: int, role: str, content: object, tokens: int = 10) -> StoredMessage:

@@ -34,7 +34,7 @@ from typing import Any, Final
 
 import msgspec
 
-from contextlog.schema import erasure
+from contextlog.schema import blocks, erasure
 from contextlog.schema import events as ev
 from contextlog.schema import notices as nt
 from contextlog.schema.defaults import ConversationDefaults
@@ -242,7 +242,7 @@ def _retake_sessions(
         if sid == target:
             cur.execute(query("drop_session"), params)
         else:
-            preview = sessions.preview(sessions.text_of(first or ""))
+            preview = sessions.preview(blocks.text_of(first or ""))
             row = cur.execute(query("retake_session"), {**params, "preview": preview}).fetchone()
             if row is not None and row[1]:
                 done.summaries.append(Summarize(e.agent, key["channel"], sid, int(row[0])))

@@ -17,6 +17,7 @@ import structlog
 
 from contextlog.producers.context import CUT_AT, StoredMessage, estimate_tokens
 from contextlog.producers.history import SessionMessage
+from contextlog.schema import blocks
 from contextlog.schema import events as ev
 from contextlog.schema import notices as nt
 from contextlog.schema.defaults import ConversationDefaults
@@ -90,7 +91,7 @@ def on_save(
     rows = _rows_as(cur, SessionMessage).execute(query("save_window"), params).fetchall()
     if not rows:
         return refused(e, "nothing to save: the context window is empty")
-    first = sessions.text_of(rows[0].content)
+    first = blocks.text_of(rows[0].content)
     return create_session(
         cur,
         e,
@@ -386,7 +387,7 @@ def on_import(
         rows,
         description=e.description,
         base=base,
-        first=sessions.text_of(rows[0].content),
+        first=blocks.text_of(rows[0].content),
         auto=e.auto,
         summary=e.summary,
         summary_local=e.summary_local,

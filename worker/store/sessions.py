@@ -23,24 +23,6 @@ _SPACE = re.compile(r"\s+")
 SESSION_ID = re.compile(r"^\d{4}-\d{2}-\d{2}_[a-z0-9][a-z0-9-]{0,39}(-\d+)?$")
 
 
-def text_of(content: str | Sequence[Any]) -> str:
-    """The readable text of a message's content (text blocks and tool results)."""
-    if isinstance(content, str):
-        return content
-    parts: list[str] = []
-    for block in content:
-        if not isinstance(block, dict):
-            continue
-        if block.get("type") == "text":
-            parts.append(str(block.get("text", "")))
-        elif block.get("type") == "tool_result":
-            inner = block.get("content", "")
-            parts.append(inner if isinstance(inner, str) else text_of(inner))
-        elif block.get("type") == "tool_use":
-            parts.append(f"[{block.get('name', 'tool')}]")
-    return " ".join(p for p in parts if p)
-
-
 def slug(description: str | None) -> str:
     """Lowercase, white space to hyphens, only [a-z0-9-], at most 40 characters ('' if none)."""
     if not description:

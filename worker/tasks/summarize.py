@@ -12,6 +12,7 @@ import anthropic
 import structlog
 from rq.timeouts import JobTimeoutException
 
+from contextlog.schema.blocks import text_of
 from contextlog.schema.events import MAX_TEXT
 from contextlog.worker.tasks.deadline import Deadlines, transport
 
@@ -99,14 +100,6 @@ def _json(value: object) -> str:
         return repr(value)
 
 
-def _plain(content: object) -> str:
-    """Only what a person wrote: text blocks, no tool traffic."""
-    if isinstance(content, list):
-        texts = (b.get("text") for b in content if isinstance(b, dict) and b.get("type") == "text")
-        return " ".join(t for t in texts if isinstance(t, str))
-    return content if isinstance(content, str) else ""
-
-
 def _shorten(text: str, width: int) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= width else flat[: width - 1].rstrip() + "…"
@@ -129,9 +122,12 @@ class LocalSummarizer:
         """Two to four sentences built from the messages alone; same input, same text."""
         opener = _OPENERS[_valid(purpose)]
         sentences = [f"{LOCAL_PREFIX} {opener} {_counts(messages)}."]
-        first = next((i for i, (r, c) in enumerate(messages) if r == "user" and _plain(c)), None)
+        first = next(
+            (i for i, (r, c) in enumerate(messages) if r == "user" and text_of(c, tools=False)),
+            None,
+        )
         if first is not None:
-            quote = _shorten(_plain(messages[first][1]), 100)
+            quote = _shorten(text_of(messages[first][1], tools=False), 100)
             sentences.append(f'It opened with the request "{quote}".')
         if messages and (first is None or first != len(messages) - 1):
             role, content = messages[-1]
