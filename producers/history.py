@@ -5,7 +5,9 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
+
+from psycopg.rows import class_row, kwargs_row
 
 from contextlog.schema import codec
 from contextlog.schema.errors import Refused
@@ -84,37 +86,47 @@ def page_params(agent: str, channel: str | None, page: int, per_page: int) -> di
     return {"agent": agent, "channel": channel, "limit": per_page, "offset": (page - 1) * per_page}
 
 
-def to_page(rows: Sequence[tuple[Any, ...]], page: int, per_page: int) -> SessionPage:
-    """Rows of `list_sessions` (the last column is the total count)."""
-    total = int(rows[0][-1]) if rows else 0
-    return SessionPage([_info(r[:17]) for r in rows], page, per_page, total)
+def _listed(*, total: int, **fields: Any) -> tuple[SessionInfo, int]:
+    return SessionInfo(**fields), int(total)
 
 
-def _info(row: Sequence[Any]) -> SessionInfo:
-    agent, channel, sid, *rest = row
-    return SessionInfo(sid, agent, channel, *rest)
+def _found(*, seqs: list[int], **fields: Any) -> tuple[SessionInfo, list[int]]:
+    return SessionInfo(**fields), [int(s) for s in seqs]
+
+
+# How the session queries' rows are read: by column name into `SessionInfo` (a query whose
+# columns stop matching the fields fails, rather than shifting them).
+LISTED: Final = kwargs_row(_listed)  # `list_sessions`: (session, total count)
+FOUND: Final = kwargs_row(_found)  # `get_session`: (session, its messages' positions)
+MESSAGES: Final = class_row(SessionMessage)  # `session_messages`
+
+
+def to_page(rows: Sequence[tuple[SessionInfo, int]], page: int, per_page: int) -> SessionPage:
+    """Rows of `list_sessions` (`LISTED`)."""
+    total = rows[0][1] if rows else 0
+    return SessionPage([info for info, _ in rows], page, per_page, total)
 
 
 def pick(
-    rows: Sequence[tuple[Any, ...]], session_id: str, agent: str | None, channel: str | None
+    rows: Sequence[tuple[SessionInfo, list[int]]],
+    session_id: str,
+    agent: str | None,
+    channel: str | None,
 ) -> tuple[SessionInfo, list[int]]:
-    """The one session `session_id` names in the given conversation, or why not. An id of
-    another conversation is answered as one that does not exist: the refusal must not
-    tell a caller what other conversations hold."""
+    """The one session `session_id` names in the given conversation (rows of `get_session`,
+    `FOUND`), or why not. An id of another conversation is answered as one that does not
+    exist: the refusal must not tell a caller what other conversations hold."""
     mine = [
-        r for r in rows if (agent is None or r[0] == agent) and (channel is None or r[1] == channel)
+        (info, seqs)
+        for info, seqs in rows
+        if (agent is None or info.agent == agent) and (channel is None or info.channel == channel)
     ]
     if not mine:
         raise Refused(f"there is no session {session_id!r}")
     if len(mine) > 1:
-        where = ", ".join(f"{r[0]}/{r[1]}" for r in mine)
+        where = ", ".join(f"{info.agent}/{info.channel}" for info, _ in mine)
         raise Refused(
             f"session id {session_id!r} exists in several conversations ({where}): "
             "name the agent and channel"
         )
-    return _info(mine[0][:17]), [int(s) for s in mine[0][17]]
-
-
-def to_messages(rows: Sequence[tuple[Any, ...]]) -> list[SessionMessage]:
-    """Rows of `session_messages` (seq, thread, occurred_at, tokens, role, content)."""
-    return [SessionMessage(*r) for r in rows]
+    return mine[0]

@@ -28,13 +28,15 @@ from contextlog.producers.context import (
     build_context,
 )
 from contextlog.producers.history import (
+    FOUND,
+    LISTED,
+    MESSAGES,
     PER_PAGE,
     SessionInfo,
     SessionMessage,
     SessionPage,
     page_params,
     pick,
-    to_messages,
     to_page,
 )
 from contextlog.producers.replica import (
@@ -470,7 +472,7 @@ class ContextReader(_Reader):
     ) -> SessionPage:
         """Saved sessions of a conversation (or of all the agent's channels), newest first."""
         params = page_params(agent, channel, page, per_page)
-        rows = self._read(lambda conn: conn.execute(query("list_sessions"), params).fetchall)
+        rows = self._read(lambda conn: _send_rows(conn, "list_sessions", params, LISTED))
         return to_page(rows, page, per_page)
 
     def session(
@@ -486,8 +488,8 @@ class ContextReader(_Reader):
         """A session and its messages, oldest first (what export writes)."""
         info, seqs = self._session(session_id, agent, channel)
         params = {"agent": info.agent, "channel": info.channel, "seqs": seqs}
-        rows = self._read(lambda conn: conn.execute(query("session_messages"), params).fetchall)
-        return info, to_messages(rows)
+        rows = self._read(lambda conn: _send_rows(conn, "session_messages", params, MESSAGES))
+        return info, rows
 
     def search(
         self,
@@ -518,7 +520,7 @@ class ContextReader(_Reader):
         self, session_id: str, agent: str | None, channel: str | None
     ) -> tuple[SessionInfo, list[int]]:
         params = {"session_id": session_id, "agent": agent, "channel": channel}
-        rows = self._read(lambda conn: conn.execute(query("get_session"), params).fetchall)
+        rows = self._read(lambda conn: _send_rows(conn, "get_session", params, FOUND))
         return pick(rows, session_id, agent, channel)
 
     def _read(self, send: Send[T]) -> T:
@@ -663,7 +665,7 @@ class AsyncContextReader(_Reader):
     ) -> SessionPage:
         """Saved sessions of a conversation (or of all the agent's channels), newest first."""
         params = page_params(agent, channel, page, per_page)
-        rows = await self._read(lambda conn: _asend_rows(conn, "list_sessions", params))
+        rows = await self._read(lambda conn: _asend_rows(conn, "list_sessions", params, LISTED))
         return to_page(rows, page, per_page)
 
     async def session(
@@ -679,14 +681,16 @@ class AsyncContextReader(_Reader):
         """`ContextReader.session_messages`, for asyncio."""
         info, seqs = await self._session(session_id, agent, channel)
         params = {"agent": info.agent, "channel": info.channel, "seqs": seqs}
-        rows = await self._read(lambda conn: _asend_rows(conn, "session_messages", params))
-        return info, to_messages(rows)
+        rows = await self._read(
+            lambda conn: _asend_rows(conn, "session_messages", params, MESSAGES)
+        )
+        return info, rows
 
     async def _session(
         self, session_id: str, agent: str | None, channel: str | None
     ) -> tuple[SessionInfo, list[int]]:
         params = {"session_id": session_id, "agent": agent, "channel": channel}
-        rows = await self._read(lambda conn: _asend_rows(conn, "get_session", params))
+        rows = await self._read(lambda conn: _asend_rows(conn, "get_session", params, FOUND))
         return pick(rows, session_id, agent, channel)
 
     async def search(
@@ -825,9 +829,14 @@ async def _asend_details(
     return cur.fetchall  # type: ignore[no-any-return]
 
 
+def _send_rows(conn: Any, name: str, params: dict[str, Any], rows: Any) -> Callable[[], Any]:
+    """Queue the named query, its rows read by `rows` (a row factory); collect them."""
+    return conn.cursor(row_factory=rows).execute(query(name), params).fetchall  # type: ignore[no-any-return]
+
+
 async def _asend_rows(
-    conn: Any, name: str, params: dict[str, Any]
-) -> Callable[[], Awaitable[list[tuple[Any, ...]]]]:
-    """Queue the named query; collect its rows."""
-    cur = await conn.execute(query(name), params)
+    conn: Any, name: str, params: dict[str, Any], rows: Any
+) -> Callable[[], Awaitable[list[Any]]]:
+    """`_send_rows`, for asyncio."""
+    cur = await conn.cursor(row_factory=rows).execute(query(name), params)
     return cur.fetchall  # type: ignore[no-any-return]

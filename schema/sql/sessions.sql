@@ -105,8 +105,8 @@ WHERE agent = %(agent)s AND channel = %(channel)s AND seq < %(seq)s
 ORDER BY seq DESC LIMIT %(count)s;
 
 -- name: session_messages
-SELECT seq, thread, coalesce((payload->>'original_at')::timestamptz, occurred_at), tokens,
-       payload->>'role', payload->'content'
+SELECT seq, thread, coalesce((payload->>'original_at')::timestamptz, occurred_at) AS occurred_at,
+       tokens, payload->>'role' AS role, payload->'content' AS content
 FROM events
 WHERE agent = %(agent)s AND channel = %(channel)s AND seq = ANY(%(seqs)s)
 ORDER BY seq;
@@ -130,7 +130,7 @@ RETURNING id;
 -- One page of a conversation's (or an agent's) live sessions, newest first.
 SELECT agent, channel, session_id, created_at, description, summary, message_count,
        token_estimate, auto, preview, summary_local, summary_failed, provider, model,
-       window_start, window_end, imported_from, count(*) OVER ()
+       window_start, window_end, imported_from, count(*) OVER () AS total
 FROM sessions
 WHERE agent = %(agent)s AND (%(channel)s::text IS NULL OR channel = %(channel)s)
   AND deleted_at IS NULL

@@ -105,6 +105,13 @@ def test_a_turn_in_one_request(api: Api, token: str, db: str) -> None:
     assert post(api, poster, CONV + "/turn", body).status_code == 403  # needs read too
 
 
+def read(api: Api, token: str, **params: Any) -> Any:
+    """A context read that must succeed (a problem detail says why if it does not)."""
+    got = get(api, token, CONV + "/context", timeout=10, **params)
+    assert got.status_code == 200, got.text
+    return got.json()
+
+
 def test_thinking_system_messages_the_frame_and_boundaries_over_http(
     api: Api, token: str, db: str
 ) -> None:
@@ -128,7 +135,7 @@ def test_thinking_system_messages_the_frame_and_boundaries_over_http(
     assert post(api, token, CONV + "/messages", note).status_code == 202
     answer = {"role": "assistant", "content": [thinking, {"type": "text", "text": "Hi."}]}
     last = post(api, token, CONV + "/messages", answer).json()["event_id"]
-    body = get(api, token, CONV + "/context", wait_for=last, timeout=10).json()
+    body = read(api, token, wait_for=last)
     assert [m["role"] for m in body["messages"]] == ["user", "system", "assistant"]
     assert body["messages"][1]["content"] == [{"type": "text", "text": note["content"]}]
     assert body["messages"][2]["content"][0] == thinking and body["boundary"] is None
@@ -141,12 +148,11 @@ def test_thinking_system_messages_the_frame_and_boundaries_over_http(
     changed = api.client.put(
         CONV + "/frame", json={**frame, "system": "Be briefer."}, headers=api.headers(token)
     )
-    after = get(api, token, CONV + "/context", wait_for=changed.json()["event_id"], timeout=10)
-    out = after.json()
+    out = read(api, token, wait_for=changed.json()["event_id"])
     assert out["boundary"]["kind"] == "frame" and out["thinking_removed"] == 1
     assert thinking not in out["messages"][-1]["content"]
     cleared = post(api, token, CONV + "/clear", {"source": "t"}).json()["event_id"]
-    empty = get(api, token, CONV + "/context", wait_for=cleared, timeout=10).json()
+    empty = read(api, token, wait_for=cleared)
     assert empty["messages"] == [] and empty["boundary"]["kind"] == "clear"
     assert empty["boundary"]["count"] == out["boundary"]["count"] + 1
     bad = api.client.put(CONV + "/frame", json={"model": ""}, headers=api.headers(token))

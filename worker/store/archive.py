@@ -19,7 +19,7 @@ import msgspec
 from msgspec import Meta
 
 from contextlog.producers.attachments import attach_messages
-from contextlog.producers.history import SessionInfo, SessionMessage, pick, to_messages
+from contextlog.producers.history import FOUND, MESSAGES, SessionInfo, SessionMessage, pick
 from contextlog.producers.ids import uuid7
 from contextlog.producers.producer import Producer
 from contextlog.producers.reader import ContextReader
@@ -68,13 +68,15 @@ def load(
     not learn which ids other conversations use."""
     params = {"session_id": session_id, "agent": agent, "channel": channel}
     with reader.connection() as conn:
-        rows = conn.execute(query("get_session"), params).fetchall()
+        rows = conn.cursor(row_factory=FOUND).execute(query("get_session"), params).fetchall()
         info, seqs = pick(rows, session_id, agent, channel)
-        found = conn.execute(
-            query("session_messages"), {"agent": agent, "channel": channel, "seqs": seqs}
-        ).fetchall()
+        found = (
+            conn.cursor(row_factory=MESSAGES)
+            .execute(query("session_messages"), {"agent": agent, "channel": channel, "seqs": seqs})
+            .fetchall()
+        )
         # The export carries its attachments' bytes, as base64 in the blocks, as posted.
-        return info, attach_messages(conn, to_messages(found))
+        return info, attach_messages(conn, found)
 
 
 def _exported(m: SessionMessage) -> ExportedMessage:
