@@ -30,7 +30,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import msgspec
 
@@ -41,7 +41,7 @@ from contextlog.schema.defaults import ConversationDefaults
 from contextlog.schema.queries import query
 from contextlog.worker.effects.kinds import Effect, Scrub, Summarize
 from contextlog.worker.store import policy, retention, sessions
-from contextlog.worker.store.replies import Cursor, notice
+from contextlog.worker.store.replies import Cursor, notice, rows_as
 
 ERASED_WHY: Final = "some of what it summarised was erased"
 Key = tuple[str, str]
@@ -61,6 +61,13 @@ class Targets:
     def events(self) -> int:
         """How many events it redacts (a dropped conversation's are counted apart)."""
         return sum(len(v) for v in self.redact.values())
+
+
+class Retaken(NamedTuple):
+    """A row of `retake_session`: the session's new summary round, and whether it is live."""
+
+    summary_round: int
+    live: bool
 
 
 @dataclass
@@ -243,9 +250,12 @@ def _retake_sessions(
             cur.execute(query("drop_session"), params)
         else:
             preview = sessions.preview(blocks.text_of(first or ""))
-            row = cur.execute(query("retake_session"), {**params, "preview": preview}).fetchone()
-            if row is not None and row[1]:
-                done.summaries.append(Summarize(e.agent, key["channel"], sid, int(row[0])))
+            retaken = rows_as(cur, Retaken)
+            row = retaken.execute(
+                query("retake_session"), {**params, "preview": preview}
+            ).fetchone()
+            if row is not None and row.live:
+                done.summaries.append(Summarize(e.agent, key["channel"], sid, row.summary_round))
         done.sessions.append((key["channel"], sid))
         out.append(sid)
     return out

@@ -31,6 +31,14 @@ from contextlog.worker.store.replies import rows_as as _rows_as
 log = structlog.get_logger("contextlog.handlers")
 
 
+class Created(NamedTuple):
+    """A row of `session_created`: when ingest logged the save (or the import), and when
+    an imported session was saved where it came from."""
+
+    created_at: dt.datetime
+    imported_from: dt.datetime | None
+
+
 class FoundSession(NamedTuple):
     """A row of `find_session` and `last_session`."""
 
@@ -197,8 +205,8 @@ def on_restore(
     sid, seqs = found.session_id, list(found.seqs)
     params = {**_key(e), "seq": seq, "at": at, "seqs": seqs, "session_id": sid}
     cur.execute(query("restore_conversation"), params)
-    created = cur.execute(query("session_created"), params).fetchone()
-    saved, imported = (created[0], created[1]) if created else (None, None)
+    created = _rows_as(cur, Created).execute(query("session_created"), params).fetchone()
+    saved, imported = (created.created_at, created.imported_from) if created else (None, None)
     note = sessions.restore_note(sid, imported or saved, found.summary, imported is not None)
     clear_segments(cur, e, seq, at, "restore", note, None if found.summary else sid, sid)
     budget = cur.execute(query("conversation_budget"), {**_key(e), "default": d.token_budget})

@@ -126,8 +126,8 @@ class Lag(NamedTuple):
 
 def lag(conn: psycopg.Connection[TupleRow]) -> Lag:
     """The indexer's lag (`contextlog status`)."""
-    row = conn.execute(query("search_lag")).fetchone()
-    return Lag(int(row[0]), row[1]) if row else Lag(0, None)
+    row = conn.cursor(row_factory=class_row(Lag)).execute(query("search_lag")).fetchone()
+    return row or Lag(0, None)
 
 
 def backfill(conn: psycopg.Connection[TupleRow], budget: int, step: int = BACKFILL_STEP) -> int:
