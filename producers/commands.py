@@ -60,10 +60,12 @@ class Encoder:
         worker's key."""
         if signing.is_result(event) and self.signing_key is None:
             what = "an idle-timeout save" if isinstance(event, ev.SessionSaveRequested) else ""
+            erase = isinstance(event, ev.EraseRequested)
+            who = "an operator (contextlog erase)" if erase else "contextlog's worker"
             raise EventRejected(
                 codec.FORGED,
-                f"{what or ev.kind_of(event)} is a result only contextlog's worker emits;"
-                " an adapter cannot send it",
+                f"{what or ev.kind_of(event)} is sent only by {who}, signed with the"
+                " deployment's key; a producer without it cannot send it",
             )
         event, blobs = _take_attachments(event, self.limits)
         try:

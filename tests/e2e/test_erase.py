@@ -27,6 +27,8 @@ from contextlog.producers import ContextReader, Producer
 from contextlog.producers.ids import uuid7
 from contextlog.schema import codec, erasure, keys
 from contextlog.schema import notices as nt
+from contextlog.worker.app import bootstrap
+from contextlog.worker.app.config import Settings
 from tests.support import canary
 from tests.support.anthropic_rules import check_messages
 from tests.support.fake_anthropic import FakeAPI, FakeAPIServer, Outcome, answer, client_for
@@ -111,6 +113,13 @@ def summaries(stack: Stack) -> list[tuple[str, str | None, int]]:
     return [(str(c), s, int(r)) for c, s, r in rows]
 
 
+def operator(stack: Stack) -> Producer:
+    """An operator's producer: it signs an erase with the deployment's key (the one the
+    stack's first process kept in Postgres), as `contextlog erase` does."""
+    settings = Settings.from_env({"DATABASE_URL": stack.database_url, "REDIS_URL": stack.redis.url})
+    return Producer(stack.client, shards=SHARDS, signing_key=bootstrap.signing_key(settings))
+
+
 def test_an_erased_senders_canary_is_nowhere_and_the_others_is_everywhere(
     make_stack: Callable[[], Stack],
 ) -> None:
@@ -118,7 +127,7 @@ def test_an_erased_senders_canary_is_nowhere_and_the_others_is_everywhere(
     with EchoAPIServer(latency=0.01) as api:
         ingest = stack.add_ingest()
         stack.add_worker(ANTHROPIC_API_KEY="test-key", ANTHROPIC_BASE_URL=api.url)
-        p = Producer(stack.client, shards=SHARDS)
+        p = operator(stack)
         exchange(p, "general", "ann", ANN, 1, with_attachment=True)
         exchange(p, "general", "bob", BOB, 2, with_attachment=True)
         exchange(p, "dm-ann", "ann", ANN, 3)
@@ -191,9 +200,7 @@ def test_an_erase_under_load_loses_and_doubles_nothing_of_the_others(
     ann = Ann(stack.redis.url)
     with Load(stack.redis.url, rate=800, conversations=20) as load, ann:
         load.wait_pushed(2000)
-        erased = Producer.from_url(stack.redis.url, shards=SHARDS).erase(
-            "load", sender="ann", source="e2e"
-        )
+        erased = operator(stack).erase("load", sender="ann", source="e2e")
         load.wait_pushed(5000)
     wanted = load.total + ann.total + len(erased)  # the erase events are the agent's too
     wait_growing(lambda: stack.count("load"), wanted, 120, stack.tails)

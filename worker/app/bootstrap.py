@@ -353,8 +353,9 @@ def build_worker(
 
 
 def check_worker_redis(settings: Settings) -> None:
-    """Refuse (`ConfigError`) to run the worker on a Redis that may evict keys."""
-    client, queue = redis_client(settings), queue_client(settings)
+    """Refuse (`ConfigError`) to run the worker on a Redis that may evict keys: a check
+    before it starts, so it fails fast (`FAIL_FAST`) on a Redis that does not answer."""
+    client, queue = redis_client(settings, FAIL_FAST), queue_client(settings, FAIL_FAST)
     try:
         memory.check_policy(redis_clients(settings, client, queue), settings.accept_eviction)
     finally:

@@ -143,8 +143,8 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     scheduler), the sweeper and the webhook dispatcher."""
     stopper = Stopper(settings.stop_grace)
     stopper.install()  # RQ installs its own in its loop, which tell the stopper first
-    bootstrap.check_worker_redis(settings)
     cli_common.check_servers(settings, queue=True)
+    bootstrap.check_worker_redis(settings)
     metrics.serve(args.metrics_port, args.metrics_bind)
     bootstrap.install(bootstrap.build_resources(settings))
     sweeper = threading.Thread(
