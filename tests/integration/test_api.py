@@ -18,7 +18,8 @@ from contextlog.schema import keys as rkeys
 from contextlog.worker.api import keys
 from contextlog.worker.api.routes import ENDPOINTS
 from tests.support.api import Api, make_key, serving
-from tests.support.running import running, settings_for
+from tests.support.readers import indexed
+from tests.support.running import eventually, running, settings_for
 
 A, C = "alpha", "general"
 CONV = f"/v1/agents/{A}/channels/{C}"
@@ -157,6 +158,48 @@ def test_thinking_system_messages_the_frame_and_boundaries_over_http(
     assert empty["boundary"]["count"] == out["boundary"]["count"] + 1
     bad = api.client.put(CONV + "/frame", json={"model": ""}, headers=api.headers(token))
     assert bad.status_code == 422
+
+
+def test_search_retention_and_erase_over_http(api: Api, token: str, db: str) -> None:
+    """Issue 34 over HTTP: a search of the agent's conversations, a conversation's own
+    retention (an admin's), and an erase of a sender that the search then no longer finds;
+    a key without `admin` may do neither of the last two."""
+    say(api, token, "the rollback plan is ready", sender="ann")
+    last = say(api, token, "the rollout waits", sender="bob")
+    read(api, token, wait_for=last)
+    indexed(db)
+    found = get(api, token, f"/v1/agents/{A}/search", q="rollback", channel=C)
+    assert found.status_code == 200, found.text
+    page = found.json()
+    assert [h["sender"] for h in page["hits"]] == ["ann"] and "**rollback**" in str(page)
+    assert get(api, token, f"/v1/agents/{A}/search", q="-rollback").status_code == 409
+    reader = make_key(db, [A], "post,read")
+    keep = {"keep_log_days": 30, "source": "t"}
+    assert (
+        api.client.put(CONV + "/retention", json=keep, headers=api.headers(reader)).status_code
+        == 403
+    )
+    kept = api.client.put(CONV + "/retention", json=keep, headers=api.headers(token))
+    assert kept.status_code == 202, kept.text
+    assert post(api, reader, f"/v1/agents/{A}/erase", {"sender": "ann"}).status_code == 403
+    erased = post(api, token, f"/v1/agents/{A}/erase", {"sender": "ann", "source": "t"})
+    assert erased.status_code == 202, erased.text
+    assert len(erased.json()["event_ids"]) == 4  # one an inbound shard
+    assert post(api, token, f"/v1/agents/{A}/erase", {}).status_code == 422  # erase what?
+
+    def gone() -> bool:
+        indexed(db)
+        got = get(api, token, f"/v1/agents/{A}/search", q="rollback OR rollout")
+        assert got.status_code == 200, got.text
+        senders = [h["sender"] for h in got.json()["hits"]]
+        return "ann" not in senders and "bob" in senders
+
+    eventually(gone, what="ann's words erased from search")
+    with psycopg.connect(db) as conn:
+        (n,) = conn.execute(
+            "SELECT count(*) FROM events WHERE payload::text LIKE '%%rollback plan%%'"
+        ).fetchone() or (0,)
+    assert n == 0
 
 
 def test_posts_are_idempotent_by_external_id_or_idempotency_key(

@@ -57,6 +57,9 @@ BUILDERS: dict[str, Callable[[Any, dict[str, Any]], ev.Event]] = {
     "purge_sessions": lambda b, c: ev.SessionsPurgeRequested(keep=b.keep, **c),
     "configure": _settings,
     "frame": _frame,
+    "retention": lambda b, c: ev.RetentionSet(
+        keep_log_days=b.keep_log_days, keep_sessions_days=b.keep_sessions_days, **c
+    ),
 }
 
 # The right a key needs for each kind: what a bot does on every turn, or what touches
@@ -66,6 +69,7 @@ RIGHTS: dict[str, str] = {
     "clear": "post",
     "configure": "post",
     "frame": "post",
+    "retention": "admin",  # it removes data: the deployment's call
     "save": "sessions",
     "restore": "sessions",
     "delete_session": "sessions",
@@ -82,7 +86,7 @@ def build(
     kind: str,
     agent: str,
     channel: str,
-    body: m.MessageIn | m.ClearIn | m.SaveIn | m.RestoreIn | m.PurgeIn | m.SettingsIn | m.FrameIn,
+    body: Any,
     now: dt.datetime,
     idempotency_key: str | None = None,
 ) -> ev.Event:

@@ -83,6 +83,11 @@ async def settings(call: Call) -> m.SettingsOut:
     )
 
 
+async def set_retention(call: Call) -> m.Accepted:
+    """This conversation's retention over its agent's policy (`Producer.set_retention`)."""
+    return await send_one(call, "retention", call.body)
+
+
 async def set_frame(call: Call) -> m.Accepted:
     """Register the bot's own request frame (`Producer.set_frame`)."""
     return await send_one(call, "frame", call.body)

@@ -16,6 +16,8 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 from contextlog.producers.context import Boundary, Context
 from contextlog.producers.history import SessionInfo
+from contextlog.producers.search import SearchHit
+from contextlog.schema import events as ev
 from contextlog.schema import notices as nt
 from contextlog.worker.tasks.webhooks import Delivery
 
@@ -108,6 +110,15 @@ class FrameIn(_Common, kw_only=True):
     system: str | list[Json] | None = None
     tools: list[Json] | None = None
     thinking: Json | None = None
+
+
+class RetentionIn(_Common, kw_only=True):
+    """This conversation's retention over its agent's policy: keep its log this many days
+    after its last activity, its saved sessions this many days after they were saved
+    (left out: unchanged; 0: back to the agent's policy)."""
+
+    keep_log_days: Annotated[int, Meta(ge=0, le=ev.MAX_KEEP_DAYS)] | None = None
+    keep_sessions_days: Annotated[int, Meta(ge=0, le=ev.MAX_KEEP_DAYS)] | None = None
 
 
 class SettingsIn(_Common, kw_only=True):
@@ -331,6 +342,45 @@ class ContextQuery(Struct, kw_only=True, forbid_unknown_fields=True):
     wait_for: uuid.UUID | None = None
     timeout: Annotated[float, Meta(ge=0, le=30)] = 2.0
     system_messages: SystemMessages | None = None
+
+
+class SearchQuery(Struct, kw_only=True, forbid_unknown_fields=True):
+    """A search of the agent's conversations (`ContextReader.search`): `q` in the syntax of
+    README's Search (words, "phrases", prefix*, -word, OR); `channel` narrows it (a key
+    scoped to channels must name one)."""
+
+    q: Annotated[str, Meta(min_length=1, max_length=500)]
+    channel: Name | None = None
+    thread: Name | None = None
+    sender: Name | None = None
+    since: Aware | None = None
+    until: Aware | None = None
+    page: Annotated[int, Meta(ge=1, le=1_000_000)] = 1
+    per_page: Annotated[int, Meta(ge=1, le=100)] = 10
+
+
+class SearchOut(Struct, kw_only=True):
+    """One page of hits, best first (newest first among equals); `capped`: older matches
+    were left out of the ranking (narrow the search)."""
+
+    query: str
+    hits: list[SearchHit]
+    page: int
+    per_page: int
+    total: int
+    pages: int
+    capped: bool
+
+
+class EraseIn(Struct, kw_only=True, forbid_unknown_fields=True):
+    """Erase a conversation (`channel`), one session's messages (`channel` and
+    `session_id`), or everything of a sender across the agent's conversations (`sender`),
+    as `contextlog erase` does; `source` hears `erase_done` for each erase event."""
+
+    channel: Name | None = None
+    sender: Name | None = None
+    session_id: Annotated[str, Meta(min_length=1, max_length=80)] | None = None
+    source: Name | None = None
 
 
 class SettingsOut(Struct, kw_only=True):

@@ -9,7 +9,7 @@ from starlette.responses import Response
 
 from contextlog.producers.history import SessionInfo
 from contextlog.schema.notices import Notice
-from contextlog.worker.api import admin, conversations, notifications, sessions
+from contextlog.worker.api import admin, conversations, notifications, recall, sessions
 from contextlog.worker.api import models as m
 from contextlog.worker.api.app import JSON, Call
 from contextlog.worker.api.spec import Endpoint, document, dumps
@@ -65,6 +65,16 @@ ENDPOINTS: Final = (
     Endpoint("PUT", CONV + "/frame", "setFrame", conversations.set_frame,
              "Register the bot's request frame", "conversations", "post",
              body=m.FrameIn, response=m.Accepted, status=202, idempotent=True),
+    Endpoint("PUT", CONV + "/retention", "setRetention", conversations.set_retention,
+             "Set the conversation's retention", "conversations", "admin",
+             body=m.RetentionIn, response=m.Accepted, status=202, idempotent=True),
+    # an agent's memory as a whole
+    Endpoint("GET", "/v1/agents/{agent}/search", "search", recall.search,
+             "Search the agent's conversations", "recall", "read", query=m.SearchQuery,
+             response=m.SearchOut, refusable=True),
+    Endpoint("POST", "/v1/agents/{agent}/erase", "erase", recall.erase,
+             "Erase a sender, a conversation or a session", "recall", "admin",
+             body=m.EraseIn, response=m.BatchAccepted, status=202),
     # saved sessions
     Endpoint("GET", "/v1/agents/{agent}/sessions", "listSessions", sessions.list_sessions,
              "List saved sessions", "sessions", "sessions", query=m.PageQuery,

@@ -449,8 +449,12 @@ def build_api_services(settings: Settings, clock: Clock | None = None) -> Servic
     return Services(
         settings=settings,
         reader=AsyncContextReader.from_url(settings.database_url, **options),
+        # It signs only what an admin key may ask for (an erase): the API builds no other
+        # event that only workers and operators send (`api/commands.py`).
         producer=AsyncProducer(
-            connection.connect_async(settings.redis_url, socket_timeout=30), **limits
+            connection.connect_async(settings.redis_url, socket_timeout=30),
+            signing_key=signing_key(settings),
+            **limits,
         ),
         sync_reader=ContextReader.from_url(settings.database_url, **options),
         sync_producer=Producer(client, **limits),

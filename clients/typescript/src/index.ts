@@ -35,6 +35,21 @@ export type FrameIn = Omit<Schemas["FrameIn"], "system" | "tools" | "thinking"> 
   thinking?: ThinkingConfigParam | null;
 };
 export type Boundary = Schemas["BoundaryOut"];
+export type RetentionIn = Schemas["RetentionIn"];
+export type SearchPage = Schemas["SearchOut"];
+export type SearchHit = Schemas["SearchHit"];
+export type EraseIn = Schemas["EraseIn"];
+
+export interface SearchOptions {
+  channel?: string;
+  thread?: string;
+  sender?: string;
+  /** ISO 8601 with a time zone */
+  since?: string;
+  until?: string;
+  page?: number;
+  perPage?: number;
+}
 export type Session = Schemas["SessionInfo"];
 export type SessionPage = Schemas["SessionPageOut"];
 export type ExportedSession = Schemas["ExportedSession"];
@@ -274,6 +289,25 @@ export class ContextlogClient {
 
   settings(agent: string, channel: string): Promise<Settings> {
     return this.call("GET", `${this.conv(agent, channel)}/settings`);
+  }
+
+  /** This conversation's retention over its agent's policy (an `admin` key). */
+  async setRetention(agent: string, channel: string, body: RetentionIn, options: SendOptions = {}) {
+    return this.eventId("PUT", `${this.conv(agent, channel)}/retention`, body, options);
+  }
+
+  // -- an agent's memory as a whole -----------------------------------------------------
+
+  /** Search everything the agent's conversations said (words, "phrases", prefix*, -word, OR). */
+  search(agent: string, q: string, options: SearchOptions = {}): Promise<SearchPage> {
+    const { perPage, ...rest } = options;
+    return this.call("GET", `/v1/agents/${enc(agent)}/search${query({ q, ...rest, per_page: perPage })}`);
+  }
+
+  /** Erase a sender, a conversation or a session's messages (an `admin` key); the erase event ids. */
+  async erase(agent: string, body: EraseIn): Promise<string[]> {
+    const out = await this.call<{ event_ids: string[] }>("POST", `/v1/agents/${enc(agent)}/erase`, body);
+    return out.event_ids;
   }
 
   async configure(agent: string, channel: string, body: SettingsIn, options: SendOptions = {}) {

@@ -172,6 +172,69 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/agents/{agent}/channels/{channel}/retention": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        /**
+         * Set the conversation's retention
+         * @description This conversation's retention over its agent's policy (`Producer.set_retention`).
+         */
+        put: operations["setRetention"];
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/agents/{agent}/search": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Search the agent's conversations
+         * @description One page of the agent's messages matching `q`, best first (`ContextReader.search`);
+         *         bad input is 409 `refused` with the reason.
+         */
+        get: operations["search"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/agents/{agent}/erase": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Erase a sender, a conversation or a session
+         * @description Erase (`Producer.erase`: signed with the deployment's key, applied by ingest in
+         *         each shard's order); the event ids, one per shard for a sender. Export files a host
+         *         wrote are deleted only by `contextlog erase` on that host.
+         */
+        post: operations["erase"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/agents/{agent}/sessions": {
         parameters: {
             query?: never;
@@ -701,6 +764,22 @@ export interface components {
             deliveries: components["schemas"]["Delivery"][];
         };
         /**
+         * EraseIn
+         * @description Erase a conversation (`channel`), one session's messages (`channel` and
+         *         `session_id`), or everything of a sender across the agent's conversations (`sender`),
+         *         as `contextlog erase` does; `source` hears `erase_done` for each erase event.
+         */
+        EraseIn: {
+            /** @default null */
+            channel?: string | null;
+            /** @default null */
+            sender?: string | null;
+            /** @default null */
+            session_id?: string | null;
+            /** @default null */
+            source?: string | null;
+        };
+        /**
          * ExportedMessage
          * @description One message of an exported session.
          */
@@ -1065,6 +1144,28 @@ export interface components {
             channel: string;
         };
         /**
+         * RetentionIn
+         * @description This conversation's retention over its agent's policy: keep its log this many days
+         *         after its last activity, its saved sessions this many days after they were saved
+         *         (left out: unchanged; 0: back to the agent's policy).
+         */
+        RetentionIn: {
+            /** @default null */
+            thread?: string | null;
+            /** @default null */
+            sender?: string | null;
+            /** @default null */
+            source?: string | null;
+            /** @default null */
+            external_id?: string | null;
+            /** @default null */
+            occurred_at?: string | null;
+            /** @default null */
+            keep_log_days?: number | null;
+            /** @default null */
+            keep_sessions_days?: number | null;
+        };
+        /**
          * RetentionStatus
          * @description The last retention step (worker/store/policy.py): when, what it removed, what waits.
          */
@@ -1119,6 +1220,41 @@ export interface components {
             agent: string;
             /** @description 1-200 characters, no control, format or separator characters */
             channel: string;
+        };
+        /**
+         * SearchHit
+         * @description One message that matches: where it is, who said it, and its matching words in
+         *         context (`snippet`, the words found between ** and **), with the live sessions that
+         *         hold it (`restore` follows one).
+         */
+        SearchHit: {
+            agent: string;
+            channel: string;
+            thread: string;
+            seq: number;
+            event_id: string;
+            at: string;
+            occurred_at: string;
+            sender: string | null;
+            role: string;
+            snippet: string;
+            sessions?: string[];
+            /** @default 0 */
+            rank?: number;
+        };
+        /**
+         * SearchOut
+         * @description One page of hits, best first (newest first among equals); `capped`: older matches
+         *         were left out of the ranking (narrow the search).
+         */
+        SearchOut: {
+            query: string;
+            hits: components["schemas"]["SearchHit"][];
+            page: number;
+            per_page: number;
+            total: number;
+            pages: number;
+            capped: boolean;
         };
         /**
          * SessionInfo
@@ -2121,6 +2257,285 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Accepted"];
+                };
+            };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description no key, an unknown key or a revoked one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the key lacks the right, or is not scoped to this agent/channel */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body is over the size limit, or an event over its cap */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the request does not fit the contract (`EventRejected`, ...) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description over the key's request rate */
+            429: {
+                headers: {
+                    /** @description seconds to wait */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Postgres or Redis unreachable, or a wait_for event not stored in time */
+            503: {
+                headers: {
+                    /** @description seconds to wait */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    setRetention: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description the request's external id when its body names none */
+                "Idempotency-Key"?: string;
+            };
+            path: {
+                agent: string;
+                channel: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["RetentionIn"];
+            };
+        };
+        responses: {
+            /** @description done */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Accepted"];
+                };
+            };
+            /** @description the body is not JSON */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description no key, an unknown key or a revoked one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the key lacks the right, or is not scoped to this agent/channel */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body is over the size limit, or an event over its cap */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the request does not fit the contract (`EventRejected`, ...) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description over the key's request rate */
+            429: {
+                headers: {
+                    /** @description seconds to wait */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Postgres or Redis unreachable, or a wait_for event not stored in time */
+            503: {
+                headers: {
+                    /** @description seconds to wait */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    search: {
+        parameters: {
+            query: {
+                q: string;
+                channel?: string | null;
+                thread?: string | null;
+                sender?: string | null;
+                since?: string | null;
+                until?: string | null;
+                page?: number;
+                per_page?: number;
+            };
+            header?: never;
+            path: {
+                agent: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description done */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SearchOut"];
+                };
+            };
+            /** @description no key, an unknown key or a revoked one */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the key lacks the right, or is not scoped to this agent/channel */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description refused by the library (`Refused`): an unknown session, ... */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the request does not fit the contract (`EventRejected`, ...) */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description over the key's request rate */
+            429: {
+                headers: {
+                    /** @description seconds to wait */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Postgres or Redis unreachable, or a wait_for event not stored in time */
+            503: {
+                headers: {
+                    /** @description seconds to wait */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    erase: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                agent: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["EraseIn"];
+            };
+        };
+        responses: {
+            /** @description done */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BatchAccepted"];
                 };
             };
             /** @description the body is not JSON */
