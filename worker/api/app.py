@@ -124,9 +124,13 @@ def _decode(data: bytes, kind: Any) -> Any:
 
 
 async def _authorize(
-    e: Endpoint, request: Request, services: Services, path: dict[str, str], query: Any
+    e: Endpoint, request: Request, services: Services, path: dict[str, str]
 ) -> ApiKey | None:
-    """The request's key, after its rate, right and scope are checked."""
+    """The request's key, after its rate, right and scope are checked.
+
+    Before the query is parsed: a key of another agent hears 403, never what its query
+    lacked. A channel scope reads the `channel` parameter as sent (a string either way).
+    """
     if e.right is None:
         return None
     key = await services.keys.verify(request.headers.get("authorization"))
@@ -139,14 +143,14 @@ async def _authorize(
         if not key.allows_agent(agent):
             raise ApiError(403, "forbidden", f"this key is not scoped to {agent}")
         return key
-    key.check(e.right, agent, path.get("channel", getattr(query, "channel", None)))
+    key.check(e.right, agent, path.get("channel", request.query_params.get("channel")))
     return key
 
 
 async def _run(e: Endpoint, request: Request, services: Services) -> Any:
     path = _path(request)
+    key = await _authorize(e, request, services, path)
     query = _query(request, e.query)
-    key = await _authorize(e, request, services, path, query)
     body = None
     if e.body is not None:
         limit = services.settings.api_max_import if e.large else services.settings.api_max_body
