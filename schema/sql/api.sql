@@ -32,8 +32,10 @@ WHERE webhook_id = %(webhook_id)s AND deleted_at IS NULL RETURNING webhook_id;
 
 -- name: insert_delivery
 -- A notice reaches a webhook once: a redelivered notice finds its row and adds none.
-INSERT INTO webhook_deliveries (delivery_id, webhook_id, notice_id, kind, payload)
-VALUES (%(delivery_id)s, %(webhook_id)s, %(notice_id)s, %(kind)s, %(payload)s)
+INSERT INTO webhook_deliveries (delivery_id, webhook_id, notice_id, kind, payload, agent,
+                                channel)
+VALUES (%(delivery_id)s, %(webhook_id)s, %(notice_id)s, %(kind)s, %(payload)s, %(agent)s,
+        %(channel)s)
 ON CONFLICT (webhook_id, notice_id) DO NOTHING
 RETURNING delivery_id;
 

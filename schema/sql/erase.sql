@@ -259,10 +259,10 @@ WHERE x.kind = 'notice'
 
 -- name: erase_webhook_deliveries
 -- Webhook deliveries (015) of the same notices, delivered or not: each holds its notice as
--- the body it signed (`{"type", "timestamp", "data": <the notice>}`).
+-- the body it signed (`{"type", "timestamp", "data": <the notice>}`), found by its
+-- conversation (021).
 DELETE FROM webhook_deliveries w
-WHERE convert_from(w.payload, 'UTF8')::jsonb->'data'->>'agent' = %(agent)s
-  AND convert_from(w.payload, 'UTF8')::jsonb->'data'->>'channel' = %(channel)s
+WHERE w.agent = %(agent)s AND w.channel = %(channel)s
   AND (convert_from(w.payload, 'UTF8')::jsonb->'data'->>'event_id' = ANY(%(event_ids)s::text[])
        OR w.kind = 'search_results'
        OR %(whole)s

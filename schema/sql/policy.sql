@@ -45,6 +45,12 @@ DELETE FROM sessions
 WHERE agent = %(agent)s AND channel = %(channel)s AND created_at < %(before)s
 RETURNING session_id;
 
+-- name: expire_session_deliveries
+-- The webhook bodies (021) of the expired sessions' summaries: their text goes with them.
+DELETE FROM webhook_deliveries
+WHERE agent = %(agent)s AND channel = %(channel)s AND kind = 'summary_ready'
+  AND convert_from(payload, 'UTF8')::jsonb->'data'->>'session_id' = ANY(%(sessions)s::text[]);
+
 -- name: retention_try_lock
 -- One retention step at a time over every worker (released by `retention_unlock`).
 SELECT pg_try_advisory_lock(%(lock)s) AS locked;

@@ -49,6 +49,9 @@ WITH gone AS (
 ), r AS (
     DELETE FROM attachment_refs WHERE agent = %(agent)s AND channel = %(channel)s
     RETURNING sha256
+), w AS (
+    -- the webhook bodies of its notices (021): the words of its summaries, delivered or not
+    DELETE FROM webhook_deliveries WHERE agent = %(agent)s AND channel = %(channel)s
 ), c AS (
     DELETE FROM conversations WHERE agent = %(agent)s AND channel = %(channel)s
 )

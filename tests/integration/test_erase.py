@@ -201,23 +201,37 @@ def test_a_conversation_is_dropped_whole_and_starts_afresh(
     assert snapshots.derived(db) == live
 
 
-def delivery(conn: psycopg.Connection[Any], channel: str, kind: str, text: str, n: int) -> None:
+def delivery(
+    conn: psycopg.Connection[Any],
+    channel: str,
+    kind: str,
+    text: str,
+    n: int,
+    agent: str = "alpha",
+    **data: str,
+) -> None:
     """A webhook delivery of a notice about `channel`, as the dispatcher stores it."""
-    data = {"agent": "alpha", "channel": channel, "kind": kind, "text": text}
+    data = {"agent": agent, "channel": channel, "kind": kind, "text": text, **data}
     body = {"type": kind, "timestamp": "2026-03-01T00:00:00Z", "data": data}
     conn.execute(
-        "INSERT INTO webhook_deliveries (delivery_id, webhook_id, notice_id, kind, payload)"
-        " VALUES (%s, 'wh_1', %s, %s, %s)",
-        (f"d{n}", f"n{n}", kind, json.dumps(body).encode()),
+        "INSERT INTO webhook_deliveries"
+        " (delivery_id, webhook_id, notice_id, kind, payload, agent, channel)"
+        " VALUES (%s, 'wh_1', %s, %s, %s, %s, %s)",
+        (f"d{n}", f"n{n}", kind, json.dumps(body).encode(), agent, channel),
+    )
+
+
+def webhook(conn: psycopg.Connection[Any]) -> None:
+    """The webhook those deliveries belong to."""
+    conn.execute(
+        "INSERT INTO webhooks (webhook_id, url, source, kinds, agents, secret)"
+        " VALUES ('wh_1', 'https://example.com/h', 'bot', '{summary_ready}', '{alpha}', 'x')"
     )
 
 
 def test_an_erase_reaches_the_webhook_deliveries_of_its_notices(db: str, log: Log) -> None:
     with psycopg.connect(db) as conn:
-        conn.execute(
-            "INSERT INTO webhooks (webhook_id, url, source, kinds, agents, secret)"
-            " VALUES ('wh_1', 'https://example.com/h', 'bot', '{summary_ready}', '{alpha}', 'x')"
-        )
+        webhook(conn)
         delivery(conn, "dm-ann", "summary_ready", f"they talked about {CANARY}", 1)
         delivery(conn, "general", "summary_ready", f"they talked about {OTHER}", 2)
     exchange(log, "dm-ann", "ann", CANARY, 1)

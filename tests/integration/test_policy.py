@@ -27,6 +27,7 @@ from contextlog.worker.store.eventlog import Accepted
 from contextlog.worker.store.locks import RETENTION_LOCK
 from contextlog.worker.store.rebuild import rebuild
 from contextlog.worker.tasks import retention as task
+from tests.integration.test_erase import delivery, webhook
 from tests.support import snapshots
 from tests.support.readers import Twin, twin
 from tests.support.running import settings_for
@@ -36,6 +37,7 @@ __all__ = ["twin"]
 
 T0 = LOG_START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 DAY = dt.timedelta(days=1)
+SID = "2026-01-01_first"  # the session saved first in a test
 RULES = Retention(Keep(log=90 * 86400), (("support", Keep(log=10 * 86400, sessions=5 * 86400)),))
 IMAGE = b"\x89PNG" + bytes(range(256)) * 8
 SHARED = b"GIF89a" + bytes(range(200)) * 4
@@ -77,6 +79,14 @@ def apply(lg: Log, events: list[ev.Event]) -> None:
         lg.log.append(0, 1, [Accepted("8-0", codec.decode(payload), payload)])
 
 
+def deliveries(db: str) -> list[tuple[str, str, str]]:
+    """The webhook deliveries left: (agent, channel, delivery id)."""
+    with psycopg.connect(db) as conn:
+        return conn.execute(
+            "SELECT agent, channel, delivery_id FROM webhook_deliveries ORDER BY 1, 2, 3"
+        ).fetchall()
+
+
 def conversations(db: str) -> list[tuple[str, str]]:
     with psycopg.connect(db) as conn:
         return conn.execute("SELECT agent, channel FROM conversations ORDER BY 1, 2").fetchall()
@@ -96,6 +106,11 @@ def test_the_log_goes_after_its_time_whole_and_rebuild_agrees(
     log.now = T0 + 80 * DAY
     log.say("user", "recent words", channel="busy")
     image(log, SHARED, "busy")  # the same bytes: kept while busy references them
+    with psycopg.connect(db) as conn:  # webhook bodies of their notices, delivered or not
+        webhook(conn)
+        delivery(conn, "quiet", "summary_ready", "they said old words", 1)
+        delivery(conn, "busy", "summary_ready", "they said recent words", 2)
+        delivery(conn, "help", "session_saved", "saved", 3, agent="support")
     run, pushed = step(db, T0 + 95 * DAY)
     assert (run.conversations, run.pinned, run.left_due, pushed) == (3, 1, 0, [])
     assert sorted(run.dropped or []) == [
@@ -105,6 +120,7 @@ def test_the_log_goes_after_its_time_whole_and_rebuild_agrees(
     ]
     assert conversations(db) == [("alpha", "busy"), ("alpha", "saved")]
     assert twin.search("alpha", "words").total == 1  # busy's only
+    assert deliveries(db) == [("alpha", "busy", "d2")]  # a conversation goes with its bodies
     kept = snapshots.derived(db)
     assert [bytes(a[0]) for a in kept["attachments"]] == [hashlib.sha256(SHARED).digest()]
     with psycopg.connect(db) as conn:
@@ -123,12 +139,17 @@ def test_sessions_expire_through_the_log_and_then_release_the_conversation(
     log.now = T0 + 4 * DAY
     log.add(ev.SessionRestoreRequested, session_id="last", **kw)
     log.add(ev.MessagePosted, role="user", content="after the restore", **kw)
-    log.add(ev.SummaryGenerated, session_id="2026-01-01_first", summary="They talked.", **kw)
+    log.add(ev.SummaryGenerated, session_id=SID, summary="They talked.", **kw)
     with psycopg.connect(db) as conn:
         note = conn.execute("SELECT seg_note, boundaries FROM threads").fetchone()
         notes = conn.execute("SELECT text FROM notes").fetchall()
     assert note is not None and "Resumed saved session 2026-01-01_first" in note[0]
     assert notes and "They talked." in notes[0][0]
+    with psycopg.connect(db) as conn:  # the summary's webhook body, and another notice's
+        webhook(conn)
+        delivery(conn, "c", "summary_ready", "They talked.", 1, "support", session_id=SID)
+        delivery(conn, "c", "summary_ready", "Later talk.", 2, "support", session_id="other")
+        delivery(conn, "c", "restore_done", "restored", 3, "support")
     run, pushed = step(db, T0 + 6 * DAY)  # sessions: 5 days for support
     assert run.expiring == 1 and run.conversations == 0 and run.pinned == 0
     assert [(type(e), e.agent, e.channel) for e in pushed] == [(ev.SessionsExpired, "support", "c")]
@@ -142,6 +163,7 @@ def test_sessions_expire_through_the_log_and_then_release_the_conversation(
     assert header is not None and header[1] == "expire" and header[2] == note[1] + 1
     assert "They talked" not in header[0] and "removed (the session expired)" in header[0]
     assert "They talked" not in texts[0][0]
+    assert deliveries(db) == [("support", "c", "d2"), ("support", "c", "d3")]
     live = snapshots.derived(db)
     with psycopg.connect(db) as conn:
         rebuild(conn)

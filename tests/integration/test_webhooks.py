@@ -82,6 +82,9 @@ def test_a_notice_is_delivered_signed_once_and_replayed_on_demand(
         saved(api, token)
         assert dispatch(api, db, rds) == 1
         assert dispatch(api, db, rds) == 0  # read and acknowledged: nothing twice
+        with psycopg.connect(db) as conn:  # named by its conversation, for retention and erase
+            row = conn.execute("SELECT agent, channel FROM webhook_deliveries").fetchall()
+        assert row == [(A, C)]
         run_jobs(rds)
         ((headers, payload),) = got.requests
         assert wh.verify(hook["secret"], headers, payload, now=int(time.time()))

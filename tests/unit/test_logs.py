@@ -32,6 +32,17 @@ class Stderr:
         return self.text
 
 
+@pytest.fixture(autouse=True)
+def fresh_rq_logger() -> None:
+    """rq.worker as a new process has it: an RQ worker run earlier in this process (a test's
+    `work(logging_level=...)`) leaves its level, handlers and propagation behind."""
+    rq = logging.getLogger("rq.worker")
+    rq.setLevel(logging.NOTSET)
+    rq.propagate = True
+    for h in list(rq.handlers):
+        rq.removeHandler(h)
+
+
 @pytest.fixture
 def stderr(capsys: pytest.CaptureFixture[str]) -> Stderr:
     return Stderr(capsys)

@@ -61,11 +61,13 @@ def on_retention_set(
 def on_sessions_expired(
     cur: Cursor, e: ev.SessionsExpired, seq: int, at: dt.datetime, d: ConversationDefaults
 ) -> list[Effect]:
-    """Remove the conversation's sessions saved before the cut-off; a thread's header or
-    note that told one's summary loses that text (a boundary)."""
+    """Remove the conversation's sessions saved before the cut-off, with the webhook
+    bodies of their summaries; a thread's header or note that told one's summary loses
+    that text (a boundary)."""
     gone = [sid for (sid,) in cur.execute(query("expire_sessions"), {**key(e), "before": e.before})]
     if gone:
         forget_sessions(cur, e.agent, e.channel, gone, "expire", EXPIRED_WHY)
+        cur.execute(query("expire_session_deliveries"), {**key(e), "sessions": gone})
     return []
 
 

@@ -242,6 +242,8 @@ def _insert(conn: psycopg.Connection[Any], hook: Webhook, notice: Notice) -> lis
         "notice_id": notice.notice_id,
         "kind": notice.kind,
         "payload": wh.payload(notice),
+        "agent": notice.agent,
+        "channel": notice.channel,
     }
     return [r[0] for r in conn.execute(query("insert_delivery"), params).fetchall()]
 
