@@ -2,8 +2,10 @@
 
 Every channel message (not a bot's) is posted as a user event, the bot answers with the
 context `AsyncContextReader` returns and posts its answer as the assistant's message.
-`/context save|clear|history|restore|settings` map to producer commands, and the
-adapter's notifications (saves, summaries, refusals) are posted back in their channel.
+`/context save|clear|restore|settings` map to producer commands, `/context history` and
+`/context search <query>` (this channel's messages that match) are answered from the
+read model, and the adapter's notifications (saves, summaries, refusals) are posted back
+in their channel.
 
     DISCORD_TOKEN=... REDIS_URL=... DATABASE_URL=... python -m examples.discord_bot
 
@@ -15,6 +17,7 @@ the Slack one repeats the few helpers this one has.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import os
 import sys
@@ -40,11 +43,15 @@ from contextlog.producers import (
 )
 from contextlog.producers import notices as nt
 from contextlog.producers.commands import parse_duration
+from contextlog.producers.search import SearchHit, SearchPage
 from contextlog.schema.events import MAX_DURATION_S, MAX_TOKEN_BUDGET
 
 SOURCE = "discord"
 MAX_MESSAGE = 2000  # Discord's limit on one message's content
-PER_PAGE = 5  # sessions per history page: five fit well inside one message
+PER_PAGE = 5  # sessions per history page, hits per search page: five fit one message
+SNIPPET = 160  # characters of a hit's words shown: five hits and their sessions fit too
+# Search hits quote anyone's words: an @everyone among them must not ping the channel.
+NO_MENTIONS = discord.AllowedMentions.none()
 log = logging.getLogger("contextlog.examples.discord")
 
 Reply = Callable[[Context], Awaitable[str]]
@@ -125,6 +132,44 @@ def format_history(page: SessionPage) -> str:
         summary = s.summary if s.summary is not None else "(summary pending)"
         lines.append(f"- `{s.session_id}`{auto}, {s.message_count} messages: {what}")
         lines.append(f"  {textwrap.shorten(summary, 200)}")
+    return "\n".join(lines)
+
+
+def highlighted(snippet: str) -> str:
+    """A hit's words in Discord markdown: the matches (between ** and **) bold, the rest
+    escaped, since a fragment cut mid-markup would restyle the whole reply."""
+    cut = textwrap.shorten(snippet, SNIPPET, placeholder="")
+    parts = [discord.utils.escape_markdown(part) for part in cut.split("**")]
+    text = "".join(f"**{p}**" if i % 2 and p else p for i, p in enumerate(parts))
+    return text if cut == snippet else f"{text} …"
+
+
+def who(hit: SearchHit) -> str:
+    """Who said a hit: its role, and its sender as a mention (Discord shows the name)."""
+    if hit.sender is None:
+        return hit.role
+    if hit.sender.isdigit():  # a Discord user id
+        return f"{hit.role} <@{hit.sender}>"
+    return f"{hit.role} {discord.utils.escape_markdown(hit.sender)}"
+
+
+def format_search(page: SearchPage) -> str:
+    """One page of search hits as a message: when, who, the words found in bold, and the
+    saved sessions that hold each (`/context restore <id>` brings one back)."""
+    query = f"`{page.query.replace('`', '')}`"
+    if page.total == 0:
+        return f"No message in this channel matches {query}."
+    if not page.hits:
+        return f"There is no page {page.page}: the search has {page.pages}."
+    found = f"{page.total}+" if page.capped else page.total
+    lines = [f"Messages matching {query}, page {page.page} of {page.pages} ({found} found):"]
+    for hit in page:
+        at = hit.occurred_at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M")
+        lines.append(f"- {at} UTC, {who(hit)}: {highlighted(hit.snippet)}")
+        saved = ", ".join(f"`{s}`" for s in hit.sessions)
+        lines.append(f"  in {saved}" if saved else "  in no saved session")
+    if any(hit.sessions for hit in page):
+        lines.append("`/context restore <id>` brings a session back.")
     return "\n".join(lines)
 
 
@@ -279,6 +324,20 @@ class ContextBot:
             return
         await interaction.followup.send(format_history(found)[:MAX_MESSAGE])
 
+    async def search(self, interaction: discord.Interaction, query: str, page: int) -> None:
+        """`/context search <query> [page]`: this channel's messages only, never another's."""
+        channel, _ = interaction_where(interaction)
+        await interaction.response.defer(thinking=True)  # as history's: the pool may be slow
+        try:
+            found = await self.reader.search(
+                self.agent, query, channel=channel, page=page, per_page=PER_PAGE
+            )
+        except (ContextlogError, ValueError) as e:
+            text = "No search: " + str(e).removeprefix("search: ")  # a Refused names its call
+        else:
+            text = format_search(found)
+        await interaction.followup.send(text[:MAX_MESSAGE], allowed_mentions=NO_MENTIONS)
+
     async def _command(
         self,
         interaction: discord.Interaction,
@@ -320,6 +379,14 @@ class ContextCommands(app_commands.Group):
     @app_commands.describe(page="Page number, from 1")
     async def history(self, interaction: discord.Interaction, page: int = 1) -> None:
         await self.bot.history(interaction, page)
+
+    @app_commands.command(description="This channel's messages that match a query")
+    @app_commands.describe(
+        query='Words, a "phrase", a prefix*, -a word to leave out, this OR that',
+        page="Page number, from 1",
+    )
+    async def search(self, interaction: discord.Interaction, query: str, page: int = 1) -> None:
+        await self.bot.search(interaction, query, page)
 
     @app_commands.command(description="Bring a saved session back")
     @app_commands.describe(session="A session id from /context history, or last")

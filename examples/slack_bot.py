@@ -2,9 +2,10 @@
 
 Every channel message (not a bot's) is posted as a user event, the bot answers with the
 context `AsyncContextReader` returns and posts its answer as the assistant's message.
-`/context save|clear|history|restore|settings` map to producer commands, and the
-adapter's notifications (saves, summaries, refusals) are posted back with
-`chat.postMessage`.
+`/context save|clear|restore|settings` map to producer commands, `/context history` and
+`/context search <query>` (this channel's messages that match) are answered from the
+read model, and the adapter's notifications (saves, summaries, refusals) are posted back
+with `chat.postMessage`.
 
     SLACK_BOT_TOKEN=xoxb-... SLACK_APP_TOKEN=xapp-... python -m examples.slack_bot
     SLACK_BOT_TOKEN=xoxb-... SLACK_SIGNING_SECRET=... PORT=3000 python -m examples.slack_bot
@@ -18,8 +19,10 @@ Each example is self-contained, so the Discord one repeats the few helpers this 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import os
+import re
 import sys
 import textwrap
 from collections import OrderedDict
@@ -45,20 +48,25 @@ from contextlog.producers import (
 )
 from contextlog.producers import notices as nt
 from contextlog.producers.commands import parse_duration
+from contextlog.producers.search import SearchHit, SearchPage
 from contextlog.schema.events import MAX_DURATION_S, MAX_TOKEN_BUDGET
 
 SOURCE = "slack"
 MAX_MESSAGE = 4000  # Slack truncates a message's text beyond this
-PER_PAGE = 10
+PER_PAGE = 10  # sessions per history page, hits per search page
+SNIPPET = 200  # characters of a hit's words shown: ten hits and their sessions fit
 HELP = """Usage:
 `/context save [description]` save this conversation as a session
 `/context clear` start afresh (the log keeps everything)
 `/context history [page]` saved sessions, newest first
+`/context search <query> [page=N]` this channel's messages with these words
+    (and `"a phrase"`, a prefix `roll*`, `-draft` to leave out, `this OR that`)
 `/context restore <id|last>` bring a saved session back
 `/context settings idle=30m window=24h budget=16000` change this channel's settings"""
 # Messages of these subtypes are people talking; every other subtype is an edit, a
 # join, a bot's post...
 PEOPLE = frozenset({None, "thread_broadcast", "file_share"})
+USER_ID = re.compile(r"[UW][A-Z0-9]+")  # a Slack user's id (a bot user's too)
 log = logging.getLogger("contextlog.examples.slack")
 
 Reply = Callable[[Context], Awaitable[str]]
@@ -152,6 +160,54 @@ def format_history(page: SessionPage) -> str:
         summary = s.summary if s.summary is not None else "(summary pending)"
         lines.append(f"- `{s.session_id}`{auto}, {s.message_count} messages: {what}")
         lines.append(f"  {textwrap.shorten(summary, 200)}")
+    return "\n".join(lines)
+
+
+def parse_search(words: list[str]) -> tuple[str, int]:
+    """`rollback plan page=2` as ("rollback plan", 2): a last word page=N picks the page."""
+    *query, last = words
+    if not last.startswith("page="):
+        return " ".join(words), 1
+    number = last.removeprefix("page=")
+    if not number.isdigit():
+        raise ValueError(f"the page is a number, not {number!r}")
+    return " ".join(query), int(number)
+
+
+def highlighted(snippet: str) -> str:
+    """A hit's words in Slack markup: the matches (between ** and **) bold."""
+    cut = textwrap.shorten(snippet, SNIPPET, placeholder="")
+    parts = cut.split("**")
+    text = "".join(f"*{p}*" if i % 2 and p else p for i, p in enumerate(parts))
+    return text if cut == snippet else f"{text} …"
+
+
+def who(hit: SearchHit) -> str:
+    """Who said a hit: its role, and its sender as a mention (Slack shows the name)."""
+    if hit.sender is None:
+        return hit.role
+    if USER_ID.fullmatch(hit.sender):
+        return f"{hit.role} <@{hit.sender}>"
+    return f"{hit.role} {hit.sender}"
+
+
+def format_search(page: SearchPage) -> str:
+    """One page of search hits as a message: when, who, the words found in bold, and the
+    saved sessions that hold each (`/context restore <id>` brings one back)."""
+    query = f"`{page.query.replace('`', '')}`"
+    if page.total == 0:
+        return f"No message in this channel matches {query}."
+    if not page.hits:
+        return f"There is no page {page.page}: the search has {page.pages}."
+    found = f"{page.total}+" if page.capped else page.total
+    lines = [f"Messages matching {query}, page {page.page} of {page.pages} ({found} found):"]
+    for hit in page:
+        at = hit.occurred_at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M")
+        lines.append(f"- {at} UTC, {who(hit)}: {highlighted(hit.snippet)}")
+        saved = ", ".join(f"`{s}`" for s in hit.sessions)
+        lines.append(f"  in {saved}" if saved else "  in no saved session")
+    if any(hit.sessions for hit in page):
+        lines.append("`/context restore <id>` brings a session back.")
     return "\n".join(lines)
 
 
@@ -274,6 +330,8 @@ class SlackContextBot:
             page = int(rest[0]) if rest else 1
             found = await self.reader.sessions(*key, page=page, per_page=PER_PAGE)
             return format_history(found), False
+        if verb == "search" and rest:
+            return await self.search(channel, rest), False
         if verb == "restore" and len(rest) == 1:
             await self.producer.restore(*key, rest[0], **opts)
             return f"Restoring `{rest[0]}`...", True
@@ -290,6 +348,17 @@ class SlackContextBot:
             text = ", ".join(f"{k} {v}" for k, v in given.items())
             return f"Settings changed: {text}.", True
         return HELP, False
+
+    async def search(self, channel: str, words: list[str]) -> str:
+        """`/context search <query> [page=N]`: this channel's messages only, never another's."""
+        try:
+            query, page = parse_search(words)
+            found = await self.reader.search(
+                self.agent, query, channel=channel, page=page, per_page=PER_PAGE
+            )
+        except (ContextlogError, ValueError) as e:
+            return "No search: " + str(e).removeprefix("search: ")  # a Refused names its call
+        return format_search(found)
 
 
 def build_app(bot: SlackContextBot, **options: Any) -> AsyncApp:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import inspect
 import json
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -42,6 +43,7 @@ from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.web.async_client import AsyncWebClient
 
 from contextlog.producers import (
+    AsyncContextReader,
     AsyncNotifications,
     AsyncProducer,
     ConfigError,
@@ -49,7 +51,9 @@ from contextlog.producers import (
     SessionPage,
     Unavailable,
 )
+from contextlog.producers.context import SystemMessages
 from contextlog.producers.history import SessionInfo
+from contextlog.producers.search import RANK_WINDOW, Scope, SearchHit, SearchPage, params
 from contextlog.schema import codec, keys
 from contextlog.schema import events as ev
 from contextlog.schema import notices as nt
@@ -96,12 +100,36 @@ def session(sid: str, *, summary: str | None = "We fixed the login bug.") -> Ses
     )
 
 
-class FakeReader:
-    """AsyncContextReader's methods: the context holds the awaited message."""
+def hit(sender: str | None, snippet: str, sessions: list[str], *, role: str = "user") -> SearchHit:
+    said = dt.datetime(2026, 11, 22, 13, 5, 59, tzinfo=dt.timezone(dt.timedelta(hours=1)))
+    return SearchHit(
+        agent=AGENT,
+        channel="c",
+        thread="",
+        seq=3,
+        event_id="e3",
+        at=T0,
+        occurred_at=said,  # 12:05:59 UTC
+        sender=sender,
+        role=role,
+        snippet=snippet,
+        sessions=sessions,
+    )
 
-    def __init__(self, server: fakeredis.FakeServer, page: SessionPage | None = None) -> None:
+
+class FakeReader:
+    """AsyncContextReader's methods: the context holds the awaited message; a search
+    refuses what the real one refuses (the library's own check) and returns `results`."""
+
+    def __init__(
+        self,
+        server: fakeredis.FakeServer,
+        page: SessionPage | None = None,
+        results: SearchPage | None = None,
+    ) -> None:
         self.server = server
         self.page = page or SessionPage([], 1, 10, 0)
+        self.results = results or SearchPage("", [], 1, 10, 0)
         self.calls: list[tuple[Any, ...]] = []
 
     async def context(
@@ -112,7 +140,7 @@ class FakeReader:
         *,
         wait_for: str | None = None,
         timeout: float = 2.0,
-        now: dt.datetime | None = None,
+        system_messages: SystemMessages | None = None,
     ) -> Context:
         self.calls.append(("context", agent, channel, thread, wait_for))
         found = [e for e in pushed(self.server) if str(e.event_id) == wait_for]
@@ -127,6 +155,34 @@ class FakeReader:
     ) -> SessionPage:
         self.calls.append(("sessions", agent, channel, page, per_page))
         return self.page
+
+    async def search(
+        self,
+        agent: str,
+        query: str,
+        *,
+        channel: str | None = None,
+        thread: str | None = None,
+        sender: str | None = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        page: int = 1,
+        per_page: int = 10,
+    ) -> SearchPage:
+        self.calls.append(("search", agent, query, channel, thread, sender, page, per_page))
+        params(agent, query, Scope(channel, thread, sender, since, until), page, per_page)
+        return self.results
+
+
+@pytest.mark.parametrize("name", ["context", "sessions", "search"])
+def test_the_fake_reader_takes_what_the_real_one_takes(name: str) -> None:
+    """A bot's call the real reader would not accept must fail here too."""
+
+    def shape(method: Any) -> list[tuple[str, Any, Any]]:
+        taken = inspect.signature(method).parameters.values()
+        return [(p.name, p.kind, p.default) for p in taken]
+
+    assert shape(getattr(FakeReader, name)) == shape(getattr(AsyncContextReader, name))
 
 
 def notice(i: int, kind: str, channel: str, **fields: Any) -> Notice:
@@ -215,6 +271,58 @@ def test_history_page_lists_sessions_with_summaries(bot: Any) -> None:
     assert bot.format_history(SessionPage([], 3, 10, 4)) == (
         "There is no page 3: the history has 1."
     )
+
+
+@pytest.mark.parametrize(("bot", "b", "ada"), [(db, "**", "7"), (sb, "*", "U1")])
+def test_search_page_shows_when_who_the_words_found_and_their_sessions(
+    bot: Any, b: str, ada: str
+) -> None:
+    page = SearchPage(
+        "rollback `plan`",
+        [
+            hit(ada, "we need a **rollback** **plan** today", ["2026-11-22_login-bug", "s2"]),
+            hit(None, "the **rollback** is done", [], role="assistant"),
+        ],
+        1,
+        2,
+        3,
+    )
+    assert bot.format_search(page).splitlines() == [
+        "Messages matching `rollback plan`, page 1 of 2 (3 found):",
+        f"- 2026-11-22 12:05 UTC, user <@{ada}>: we need a {b}rollback{b} {b}plan{b} today",
+        "  in `2026-11-22_login-bug`, `s2`",
+        f"- 2026-11-22 12:05 UTC, assistant: the {b}rollback{b} is done",
+        "  in no saved session",
+        "`/context restore <id>` brings a session back.",
+    ]
+    assert bot.format_search(SearchPage("x", [], 1, 10, 0)) == (
+        "No message in this channel matches `x`."
+    )
+    assert bot.format_search(SearchPage("x", [], 3, 10, 4)) == (
+        "There is no page 3: the search has 1."
+    )
+    capped = SearchPage("x", [hit("bob", "**x**", [])], 1, 10, RANK_WINDOW)
+    assert bot.format_search(capped).splitlines() == [
+        "Messages matching `x`, page 1 of 100 (1000+ found):",
+        f"- 2026-11-22 12:05 UTC, user bob: {b}x{b}",  # not an id: no mention
+        "  in no saved session",
+    ]
+
+
+@pytest.mark.parametrize(("bot", "b"), [(db, "**"), (sb, "*")])
+def test_a_long_snippet_is_cut_on_a_word_with_its_highlight_closed(bot: Any, b: str) -> None:
+    words = " ".join(f"word{i}" for i in range(100))
+    line = bot.format_search(SearchPage("w", [hit(None, f"**{words}**", [])], 1, 10, 1))
+    shown = line.splitlines()[1].removeprefix("- 2026-11-22 12:05 UTC, user: ")
+    assert shown.startswith(f"{b}word0 word1 ") and shown.endswith(f"{b} …")
+    assert len(shown) <= bot.SNIPPET + len(b) * 2 + 2
+
+
+def test_discord_search_escapes_the_words_around_the_highlights() -> None:
+    snippet = "say *this* or `that` _then_ **rollback** ~~now~~"
+    page = SearchPage("r", [hit(None, snippet, [])], 1, 5, 1)
+    line = db.format_search(page).splitlines()[1]
+    assert line.endswith(r"say \*this\* or \`that\` \_then\_ **rollback** \~\~now\~\~")
 
 
 @pytest.mark.parametrize("bot", [db, sb])
@@ -532,6 +640,7 @@ def test_discord_login_registers_the_context_commands(server: fakeredis.FakeServ
         "save": ["description"],
         "clear": [],
         "history": ["page"],
+        "search": ["query", "page"],
         "restore": ["session"],
         "settings": ["idle", "window", "budget"],
     }
@@ -686,6 +795,44 @@ def test_discord_history_is_answered_from_the_read_model(server: fakeredis.FakeS
     assert followup["content"].startswith("Saved sessions, page 2 of 2 (6 in all):\n")
     assert "`2026-11-22_login-bug`" in followup["content"]
     assert pushed(server) == []
+
+
+def test_discord_search_is_answered_from_this_channel_only(
+    server: fakeredis.FakeServer,
+) -> None:
+    page = SearchPage("rollback", [hit(str(ADA), "the **rollback**", ["s1"])], 2, 5, 6)
+    reader = FakeReader(server, results=page)
+
+    async def body(client: OfflineClient, interactions: FakeInteractionAPI) -> Any:
+        # From a thread: the search covers its channel's conversation, threads and all.
+        command = context_interaction(client, "search", True, query="rollback", page=2)
+        await invoke(client, command)
+        return interactions
+
+    interactions = run_discord(server, body, reader)
+    assert reader.calls == [("search", AGENT, "rollback", str(CHANNEL), None, None, 2, db.PER_PAGE)]
+    assert [kind for kind, _ in interactions.responses] == [5]  # deferred, "thinking..."
+    (followup,) = interactions.followups
+    assert followup["content"].splitlines()[:2] == [
+        "Messages matching `rollback`, page 2 of 2 (6 found):",
+        f"- 2026-11-22 12:05 UTC, user <@{ADA}>: the **rollback**",
+    ]
+    assert followup["allowed_mentions"] == {"parse": []}  # quoted words ping no one
+    assert pushed(server) == []
+
+
+def test_discord_search_refused_says_why(server: fakeredis.FakeServer) -> None:
+    async def body(client: OfflineClient, interactions: FakeInteractionAPI) -> Any:
+        await invoke(client, context_interaction(client, "search", query="-draft"))
+        await invoke(client, context_interaction(client, "search", query="rollback", page=0))
+        return interactions.followups
+
+    followups = run_discord(server, body)
+    assert [f["content"] for f in followups] == [
+        "No search: the query has no word to look for (only words to leave out): "
+        'give a word, a "phrase" or a prefix*',
+        "No search: page must be >= 1 and per_page 1..50",
+    ]
 
 
 def test_discord_notifications_are_posted_in_their_channel(
@@ -926,6 +1073,10 @@ def test_slack_context_command_becomes_its_event(
         ("settings colour=blue", "Not done: unknown setting 'colour=blue'"),
         ("restore", "Usage:"),
         ("", "Usage:"),
+        ("search", "Usage:"),
+        ("search -draft", "No search: the query has no word to look for"),
+        ("search rollback page=two", "No search: the page is a number, not 'two'"),
+        ("search rollback page=0", "No search: page must be >= 1"),
     ],
 )
 def test_slack_bad_command_is_answered_privately_and_nothing_sent(
@@ -954,6 +1105,28 @@ def test_slack_history_is_answered_from_the_read_model(server: fakeredis.FakeSer
         "Saved sessions, page 1 of 1 (1 in all):",
         "- `2026-11-22_login-bug`, 4 messages: login bug",
     ]
+    assert pushed(server) == []
+
+
+def test_slack_search_is_answered_privately_from_this_channel_only(
+    server: fakeredis.FakeServer,
+) -> None:
+    page = SearchPage("rollback plan", [hit("U1", "the **rollback** plan", ["s1"])], 2, 10, 11)
+    reader = FakeReader(server, results=page)
+
+    async def body(app: AsyncApp, fake: FakeSlack, base: str) -> Any:
+        await dispatch(app, slash_command("search rollback plan page=2", base), FORM)
+        return fake.responded
+
+    (responded,) = run_slack(server, body, reader)
+    assert reader.calls == [("search", AGENT, "rollback plan", "C1", None, None, 2, sb.PER_PAGE)]
+    assert responded["text"].splitlines() == [
+        "Messages matching `rollback plan`, page 2 of 2 (11 found):",
+        "- 2026-11-22 12:05 UTC, user <@U1>: the *rollback* plan",
+        "  in `s1`",
+        "`/context restore <id>` brings a session back.",
+    ]
+    assert "response_type" not in responded  # ephemeral: the query is the user's own
     assert pushed(server) == []
 
 
