@@ -135,7 +135,7 @@ def _content(content: object) -> str | list[Any]:
 
 
 class Commands(ABC, Generic[R]):
-    """The producer verbs of DESIGN.md; `_send` decides what a call returns."""
+    """The producer verbs (docs/architecture.md); `_send` decides what a call returns."""
 
     clock: Callable[[], dt.datetime] = staticmethod(utcnow)
 

@@ -144,7 +144,7 @@ class _Base:
         attachment_limits: attachments.Limits | None = None,
         signing_key: signing.Key | None = None,
     ) -> None:
-        # The one place the producers package reads the environment: DESIGN.md says the
+        # The one place the producers package reads the environment: the design says the
         # shard count comes from CONTEXTLOG_SHARDS unless the caller passes it; the
         # attachment limits likewise. `signing_key`: the worker's (it may emit results).
         count = keys.shards_from_env(os.environ) if shards is None else shards

@@ -75,13 +75,13 @@ def test_a_dead_owners_shards_are_taken_over_within_the_lease(
     a_settings = settings_for(db, redis_url, CONTEXTLOG_CONSUMER="a", CONTEXTLOG_LEASE_SECONDS="1")
     b_settings = settings_for(db, redis_url, CONTEXTLOG_CONSUMER="b", CONTEXTLOG_LEASE_SECONDS="1")
     a = bootstrap.build_ingest(a_settings, threading.Event())
-    a.rebalance()
-    assert len(a.owned) == 4  # a holds every shard, then dies without letting go
+    a.leases.rebalance()
+    assert len(a.leases.owned) == 4  # a holds every shard, then dies without letting go
     a._close_db()  # its process is gone: connection closed, leases left to expire
     ids = [producer.post_message("alpha", f"c{i}", "user", "hi") for i in range(8)]
     with running(b_settings) as b:
         eventually(lambda: count_events(db) == 8, timeout=10, what="b to take over")
-        assert sorted(b.owned) == [0, 1, 2, 3]
+        assert sorted(b.leases.owned) == [0, 1, 2, 3]
     assert {i for c in range(8) for i in stored_ids(db, "alpha", f"c{c}")} == set(ids)
     assert [rds.get(keys.lease(s)) for s in range(4)] == [None] * 4  # b let go on stop
 
@@ -96,8 +96,12 @@ def test_two_ingest_processes_split_the_shards(db: str, redis_url: str) -> None:
             settings_for(db, redis_url, CONTEXTLOG_CONSUMER="b", CONTEXTLOG_LEASE_SECONDS="1")
         ) as b,
     ):
-        eventually(lambda: len(a.owned) == 2 and len(b.owned) == 2, timeout=10, what="a fair split")
-        assert set(a.owned).isdisjoint(b.owned)
+        eventually(
+            lambda: len(a.leases.owned) == 2 and len(b.leases.owned) == 2,
+            timeout=10,
+            what="a fair split",
+        )
+        assert set(a.leases.owned).isdisjoint(b.leases.owned)
         ids = [producer.post_message("alpha", f"c{i}", "user", "hi") for i in range(40)]
         eventually(lambda: count_events(db) == 40, what="40 events stored")
     assert a.stored > 0 and b.stored > 0 and a.stored + b.stored == len(ids)

@@ -74,7 +74,7 @@ def test_a_full_redis_7_is_drained_by_an_ingest_that_starts_then(redis7: Any) ->
     # It took every lease (a few bytes, allowed while full), stored, dead-lettered, acked
     # and trimmed (all but each stream's last entry, its group's position): Redis has its
     # memory back.
-    assert len(ing.owned) == SHARDS and ing.crashes == 0
+    assert len(ing.leases.owned) == SHARDS and ing.crashes == 0
     assert sorted(str(a.event.event_id) for _, a in log.rows) == sorted(ids)
     assert [f[b"reason"] for _, f in deadletters.newest(redis7, SHARDS, 10)] == [b"malformed"]
     assert all(redis7.xlen(keys.stream(s)) <= 1 for s in range(SHARDS))
@@ -86,13 +86,13 @@ def test_a_full_redis_6_is_drained_by_the_ingest_that_holds_its_shards(redis62: 
     producer, ids = fill(redis62)
     log = MemoryEventLog()
     ing = ingest(redis62, log)
-    ing.rebalance()  # the leases were taken before Redis filled up
+    ing.leases.rebalance()  # the leases were taken before Redis filled up
     full(redis62)
     with pytest.raises(Unavailable, match="Redis is full"):
         producer.post_message("alpha", "c0", "user", "refused")
     for _ in range(5):
         ing.step()
-    assert len(ing.owned) == SHARDS and ing.crashes == 0
+    assert len(ing.leases.owned) == SHARDS and ing.crashes == 0
     assert sorted(str(a.event.event_id) for _, a in log.rows) == sorted(ids)
     # Redis 6 cannot run a script while full: the bad entry waits for memory, unacked.
     assert deadletters.count(redis62, SHARDS) == 0 and "redis" in ing.health.down

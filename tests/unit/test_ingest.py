@@ -70,8 +70,8 @@ class Harness:
     def one_pass(self, ingest: Ingest) -> None:
         """Take the leases and recover the shards first, so the pass only reads new
         entries: one `step` of the drain proper."""
-        ingest.rebalance()
-        for shard, taken in sorted(ingest.recovering.items()):
+        ingest.leases.rebalance()
+        for shard, taken in sorted(ingest.leases.recovering.items()):
             ingest.recover(shard, taken)
         ingest.step()
 
@@ -248,10 +248,10 @@ def test_a_fenced_writer_lets_go_without_acknowledging(h: Harness) -> None:
     h.producer.post_message("alpha", "general", "user", "hello")
     shard = keys.shard_of("alpha", "general", SHARDS)
     ing = h.ingest()
-    ing.rebalance()
-    h.log.checkpoints[shard] = (ing.owned[shard] + 5, "0-0")  # a newer owner committed
+    ing.leases.rebalance()
+    h.log.checkpoints[shard] = (ing.leases.owned[shard] + 5, "0-0")  # a newer owner committed
     h.drain(ing, steps=1)
-    assert shard not in ing.owned
+    assert shard not in ing.leases.owned
     assert h.log.rows == [] and h.pending() == 1
 
 
@@ -259,24 +259,24 @@ def test_two_processes_split_the_shards_and_one_takes_over_when_the_other_leaves
     h: Harness,
 ) -> None:
     a, b = h.ingest("a"), h.ingest("b")
-    a.rebalance()
-    assert len(a.owned) == SHARDS  # alone: everything
-    b.rebalance()  # sees two members; a gives back its extras at its next check
-    a.rebalance()
-    b.rebalance()
-    assert len(a.owned) == len(b.owned) == SHARDS // 2
-    assert set(a.owned).isdisjoint(b.owned)
+    a.leases.rebalance()
+    assert len(a.leases.owned) == SHARDS  # alone: everything
+    b.leases.rebalance()  # sees two members; a gives back its extras at its next check
+    a.leases.rebalance()
+    b.leases.rebalance()
+    assert len(a.leases.owned) == len(b.leases.owned) == SHARDS // 2
+    assert set(a.leases.owned).isdisjoint(b.leases.owned)
     a.shutdown()
     h.clock.advance(7)  # a's membership expires
-    b.rebalance()
-    assert sorted(b.owned) == list(range(SHARDS))
+    b.leases.rebalance()
+    assert sorted(b.leases.owned) == list(range(SHARDS))
 
 
 def test_lease_epochs_never_go_back_below_what_postgres_saw(h: Harness) -> None:
     h.log.checkpoints[0] = (41, "0-0")  # Redis lost its data; Postgres remembers epoch 41
     ing = h.ingest()
-    ing.rebalance()
-    assert ing.owned[0] == 42
+    ing.leases.rebalance()
+    assert ing.leases.owned[0] == 42
 
 
 def test_trimming_never_drops_an_unacknowledged_entry(h: Harness) -> None:
@@ -474,13 +474,13 @@ def test_entries_handed_to_a_stalled_former_owner_are_stored_before_newer_ones(
     stored first (they were stored last, out of order)."""
     shard = keys.shard_of("alpha", "general", SHARDS)
     a = h.ingest("a")
-    a.rebalance()
-    assert shard in a.owned
+    a.leases.rebalance()
+    assert shard in a.leases.owned
     h.redis.delete(keys.lease(shard))  # a's lease ran out while it was stopped
     a.stop.set()  # a sleeps from here on: it never runs another pass
     b = h.ingest("b")
     h.drain(b, steps=2)
-    assert shard in b.owned
+    assert shard in b.leases.owned
     older = [h.producer.post_message("alpha", "general", "user", f"old{i}") for i in range(5)]
     a.streams.read_new([shard], 100, 1)  # a's blocking read, served while it sleeps
     newer = [h.producer.post_message("alpha", "general", "user", f"new{i}") for i in range(5)]
@@ -615,15 +615,15 @@ def test_a_refill_leaves_a_shard_a_stalled_owner_was_handed_entries_of_to_recove
     shard's recovery, which stores them in stream order."""
     target = keys.shard_of("alpha", "general", SHARDS)
     a = h.ingest("a")
-    a.rebalance()
+    a.leases.rebalance()
     for s in range(SHARDS):  # a's leases and membership ran out while it was stopped
         h.redis.delete(keys.lease(s))
     a.streams.leave()
     a.stop.set()
     b = h.ingest("b", batch_size=2, ingest_threads=2)
     h.drain(b, steps=2)
-    assert target in b.owned and len(b.owned) > 1
-    other = _channel_on_another_shard("alpha", "general", among=list(b.owned))
+    assert target in b.leases.owned and len(b.leases.owned) > 1
+    other = _channel_on_another_shard("alpha", "general", among=list(b.leases.owned))
     aside = [h.producer.post_message("alpha", other, "user", f"x{i}") for i in range(2)]
     posted = [h.producer.post_message("alpha", "general", "user", f"m{i}") for i in range(6)]
     real_append = h.log.append

@@ -1,17 +1,16 @@
-"""The ingest loop: shard streams -> one Postgres transaction per batch -> XACK.
+"""The ingest loop: shard streams -> the gate -> one Postgres transaction per batch -> XACK.
 
-Invariants kept here (DESIGN.md): an entry is acknowledged only after its transaction
-commits; a shard has one owner at a time (an expiring lease, fenced in Postgres); bad
-entries go to the dead-letter stream and never stop the loop; when Postgres or Redis
-goes away nothing is acknowledged, and the loop backs off and carries on when it is back.
+Invariants kept here (docs/architecture.md): an entry is acknowledged only after its
+transaction commits; a shard has one owner at a time (`leases.py`: an expiring lease,
+fenced in Postgres); bad entries go to the dead-letter stream (`gate.py` says which) and
+never stop the loop; when Postgres or Redis goes away nothing is acknowledged, and the
+loop backs off and carries on when it is back.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -20,10 +19,8 @@ import redis
 import structlog
 
 from contextlog.schema import codec, signing
-from contextlog.schema import events as ev
 from contextlog.schema.errors import (
     Conflict,
-    EventRejected,
     Fenced,
     ShardBusy,
     StorageRefused,
@@ -33,10 +30,11 @@ from contextlog.worker.app import metrics
 from contextlog.worker.app.clock import Clock
 from contextlog.worker.app.config import Settings
 from contextlog.worker.ingest import attachments
+from contextlog.worker.ingest.gate import Gate
+from contextlog.worker.ingest.leases import Leases
 from contextlog.worker.ingest.streams import (
     REDIS_AWAY,
     Entry,
-    Fields,
     Rejected,
     Streams,
     id_key,
@@ -46,7 +44,6 @@ from contextlog.worker.store.eventlog import Accepted, EventLog
 
 log = structlog.get_logger("contextlog.ingest")
 
-POISON = "poison"
 EFFECTS_SWEEP_S = 10.0  # how often unsent effects are looked for
 EFFECTS_GRACE_S = 30.0  # an effect this old was not sent by the batch that made it
 DATABASE_REFUSED = "database_refused"
@@ -94,8 +91,7 @@ class Ingest:
         signing_key: signing.Key | None = None,
     ) -> None:
         self.settings = settings
-        # Results only workers emit are taken when signed with it (none: never).
-        self.signing_key = signing_key
+        self.gate = Gate(settings.max_entry_bytes, settings.max_deliveries, signing_key)
         self.streams = streams
         self.open_log = open_log
         self.clock = clock
@@ -104,16 +100,12 @@ class Ingest:
         self.pause = pause or self.stop.wait
         self.health = Health(report=self._report)
         self._down_since: dict[str, int] = {}
-        self.owned: dict[int, int] = {}  # shard -> lease epoch
-        # Shards to recover before reading new entries; True when we just took the lease
-        # (what is pending was in flight when its reader died: a new delivery).
-        self.recovering: dict[int, bool] = {}
+        self.leases = Leases(settings, streams, clock, lambda: self._log().epochs())
         self._local = threading.local()  # each thread's EventLog
         self._logs: list[EventLog] = []
         self._lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
         self._next_lease_check = 0.0
-        self._next_renew = 0.0
         self._next_sweep = 0.0
         self._next_trim = 0.0
         self._next_effects = 0.0
@@ -166,14 +158,14 @@ class Ingest:
     def shutdown(self) -> None:
         """Let go of our shards so another process takes them at once."""
         try:
-            for shard in list(self.owned):
+            for shard in list(self.leases.owned):
                 self.streams.release(shard)
             self.streams.leave()
             self.streams.record_stop()
             self.streams.record_up()
         except redis.RedisError as e:
             log.warning("could not release leases", error=str(e))
-        self.owned.clear()
+        self.leases.owned.clear()
         if self._executor is not None:
             self._executor.shutdown()
             self._executor = None
@@ -198,8 +190,8 @@ class Ingest:
         self.health.failed(name, error)
         self.retries += 1
         # What was read and not committed is still pending with us: re-read it first.
-        for shard in self.owned:
-            self.recovering.setdefault(shard, False)
+        for shard in self.leases.owned:
+            self.leases.recovering.setdefault(shard, False)
         self._back_off()
 
     def _crashed(self, error: Exception) -> None:
@@ -209,10 +201,10 @@ class Ingest:
         # The note is for `status`; the retry below does not need it.
         with contextlib.suppress(redis.RedisError):
             self.streams.record_crash(self._now_ms(), f"{type(error).__name__}: {error}")
-        for shard in self.owned:
+        for shard in self.leases.owned:
             # As after a restart: re-reading counts a delivery, the in-flight marker
             # names the suspects.
-            self.recovering[shard] = True
+            self.leases.recovering[shard] = True
         self._back_off()
 
     def _back_off(self) -> None:
@@ -230,24 +222,24 @@ class Ingest:
         if now >= self._next_lease_check:
             # Often (at least once a second), so a process that joins gets its share
             # of the shards quickly; renewing is two cheap pipelines.
-            self.rebalance()
+            self.leases.rebalance()
             self._next_lease_check = now + min(1.0, self.settings.lease_seconds / 3)
         if now >= self._next_sweep:
             # Sweep for entries a former owner read after we took its shard over.
-            for shard in self.owned:
-                self.recovering.setdefault(shard, False)
+            for shard in self.leases.owned:
+                self.leases.recovering.setdefault(shard, False)
             self._next_sweep = now + self.settings.lease_seconds / 3
-        for shard, taken in sorted(self.recovering.items()):
+        for shard, taken in sorted(self.leases.recovering.items()):
             self.recover(shard, taken)
-        if not self.owned:
+        if not self.leases.owned:
             self.pause(min(1.0, self.settings.lease_seconds / 3))
             return
         # A shard still to recover holds older entries than any new read: not read yet.
-        shards = [s for s in sorted(self.owned) if s not in self.recovering]
+        shards = [s for s in sorted(self.leases.owned) if s not in self.leases.recovering]
         if not shards:
             return  # every shard busy: each recovery above already waited for its lock
         read, held = self._read(shards, self.settings.block_ms)
-        work = [(s, e) for s, e in read.items() if s in self.owned and e]
+        work = [(s, e) for s, e in read.items() if s in self.leases.owned and e]
         if work:
             work = self._older_first(work, held)
         if len(work) > 1 and self.settings.ingest_threads > 1:
@@ -256,7 +248,7 @@ class Ingest:
             for shard, entries in work:
                 self._drain(shard, entries)
         if self.settings.trim_seconds and now >= self._next_trim:
-            for shard in list(self.owned):
+            for shard in list(self.leases.owned):
                 self.streams.trim(shard)
             self._next_trim = now + self.settings.trim_seconds
         if now >= self._next_effects and (self._sweep is None or self._sweep.done()):
@@ -313,8 +305,8 @@ class Ingest:
         if (
             self.stop.is_set()
             or self.clock.monotonic() >= self._next_lease_check
-            or shard not in self.owned
-            or shard in self.recovering
+            or shard not in self.leases.owned
+            or shard in self.leases.recovering
         ):
             return []
         return self._refill(shard)
@@ -330,13 +322,13 @@ class Ingest:
         while True:
             read, held = self._read([shard], None)
             if shard in held:
-                self.recovering.setdefault(shard, False)  # ours are re-read with theirs
+                self.leases.recovering.setdefault(shard, False)  # ours are re-read with theirs
                 return []
             got = read.get(shard, [])
             batch += got
             size += sum(len(v) for _, fields in got for v in fields.values())
             if len(got) < self.settings.batch_size or size >= self.settings.batch_bytes:
-                return batch if shard in self.owned else []
+                return batch if shard in self.leases.owned else []
 
     def _older_first(
         self, work: list[tuple[int, list[Entry]]], held: Sequence[int]
@@ -349,7 +341,7 @@ class Ingest:
             log.warning("former owner holds entries, claiming them first", shard=shard)
             self.recover(shard, False)
         # A recovery can renew our leases and so lose some: those shards are not ours.
-        return [(s, e) for s, e in work if s not in late and s in self.owned]
+        return [(s, e) for s, e in work if s not in late and s in self.leases.owned]
 
     def _read(
         self, shards: Sequence[int], block_ms: int | None
@@ -365,54 +357,6 @@ class Ingest:
             for shard in shards:
                 self.streams.ensure_group(shard)
             return {}, []
-
-    # -- leases ---------------------------------------------------------------------------
-    def rebalance(self) -> None:
-        """Keep our fair share of shards: renew, give back extras, take free ones."""
-        ttl_ms = int(self.settings.lease_seconds * 1000)
-        members = self.streams.heartbeat(self._now_ms(), ttl_ms)
-        fair = math.ceil(self.settings.shards / max(1, members))
-        self._renew()
-        for shard in sorted(self.owned, reverse=True)[: max(0, len(self.owned) - fair)]:
-            self.streams.release(shard)
-            self._drop(shard)
-            log.info("lease given back for balance", shard=shard)
-        if len(self.owned) < fair:
-            self._take(fair, ttl_ms)
-
-    def _take(self, fair: int, ttl_ms: int) -> None:
-        floors = self._log().epochs()
-        start = zlib.crc32(self.streams.consumer.encode()) % self.settings.shards
-        for i in range(self.settings.shards):
-            shard = (start + i) % self.settings.shards
-            if len(self.owned) >= fair:
-                return
-            if shard in self.owned:
-                continue
-            epoch = self.streams.acquire(shard, ttl_ms, floors.get(shard, 0))
-            if epoch is not None:
-                self.streams.ensure_group(shard)
-                self.owned[shard] = epoch
-                self.recovering[shard] = True
-                log.info("lease taken", shard=shard, epoch=epoch)
-
-    def _renew(self) -> None:
-        ttl_ms = int(self.settings.lease_seconds * 1000)
-        for shard in self.streams.renew(sorted(self.owned), ttl_ms):
-            log.warning("lease lost", shard=shard)
-            self._drop(shard)
-        self._next_renew = self.clock.monotonic() + self.settings.lease_seconds / 3
-
-    def _keep_lease(self, shard: int) -> bool:
-        """Renew our leases when due, also deep inside a long recovery: a lease lost
-        half-way would let a successor store newer entries before the rest of ours."""
-        if self.clock.monotonic() >= self._next_renew:
-            self._renew()
-        return shard in self.owned
-
-    def _drop(self, shard: int) -> None:
-        self.owned.pop(shard, None)
-        self.recovering.pop(shard, None)
 
     # -- batches --------------------------------------------------------------------------
     def recover(self, shard: int, taken: bool) -> None:
@@ -433,7 +377,7 @@ class Ingest:
         counts = self.streams.deliveries(shard, [k for k, _ in ordered])
         marked = False
         for chunk in chunks(ordered, suspects, self.settings.batch_size):
-            if not self._keep_lease(shard):
+            if not self.leases.keep(shard):
                 return  # the marker stays: it is the new owner's to read
             try:
                 marked |= self.process(shard, chunk, counts, suspects)
@@ -442,7 +386,7 @@ class Ingest:
                 return
         if marked:
             self.streams.mark_inflight(shard, None)
-        self.recovering.pop(shard, None)
+        self.leases.recovering.pop(shard, None)
 
     def _drain(self, shard: int, entries: Sequence[Entry]) -> None:
         """`process` newly read entries; if the shard is busy they wait, in order."""
@@ -456,7 +400,7 @@ class Ingest:
         stays pending with us, and is re-read (not a new delivery) before anything newer,
         until Postgres ends that writer's transaction (`bound_waits`)."""
         log.warning("shard busy, retrying its entries in order", shard=shard, error=str(error))
-        self.recovering[shard] = False
+        self.leases.recovering[shard] = False
 
     def process(
         self,
@@ -478,7 +422,7 @@ class Ingest:
         marked = any(deliveries.get(entry_id, 1) > 1 for entry_id, _ in entries)
         if marked:
             self.streams.mark_inflight(shard, entries[0][0], entries[-1][0])
-        accepted, rejected = self._sort_out(entries, deliveries, suspects)
+        accepted, rejected = self.gate.sort_out(entries, deliveries, suspects)
         full = None
         if rejected:
             try:
@@ -512,41 +456,9 @@ class Ingest:
             if ok:
                 self._store(shard, ok)
 
-    def _sort_out(
-        self,
-        entries: Sequence[Entry],
-        deliveries: dict[str, int],
-        suspects: tuple[str, str] | None,
-    ) -> tuple[list[Accepted], list[Rejected]]:
-        accepted: list[Accepted] = []
-        rejected: list[Rejected] = []
-        cap = self.settings.max_entry_bytes
-        for entry_id, fields in entries:
-            times = deliveries.get(entry_id, 1)
-            if suspects == (entry_id, entry_id) and times > self.settings.max_deliveries:
-                rejected.append(Rejected(entry_id, fields, POISON, f"delivered {times} times"))
-                continue
-            try:
-                event = codec.decode_fields(fields, cap)
-            except EventRejected as e:
-                rejected.append(Rejected(entry_id, fields, e.reason, e.detail))
-                continue
-            payload = fields[codec.ENTRY_FIELD]
-            if signing.is_result(event) and not self._signed(payload, fields):
-                detail = f"{ev.kind_of(event)} is a worker's result, without a worker's signature"
-                rejected.append(Rejected(entry_id, fields, codec.FORGED, detail))
-                continue
-            accepted.append(Accepted(entry_id, event, payload))
-        return accepted, rejected
-
-    def _signed(self, payload: bytes, fields: Fields) -> bool:
-        """Whether an entry carries a worker's signature of its bytes."""
-        key = self.signing_key
-        return key is not None and key.verify(payload, fields.get(signing.SIGNATURE_FIELD))
-
     def _store(self, shard: int, batch: Sequence[Accepted], retry: bool = True) -> None:
         """Append and acknowledge; a batch Postgres refuses is split to find the bad entry."""
-        epoch = self.owned.get(shard)
+        epoch = self.leases.owned.get(shard)
         if epoch is None:
             return  # the lease was lost meanwhile: the entries are the new owner's to claim
         try:
@@ -554,7 +466,7 @@ class Ingest:
                 stored = self._log().append(shard, epoch, batch)
         except Fenced as e:
             log.warning("fenced: a newer owner wrote this shard", shard=shard, error=str(e))
-            self._drop(shard)
+            self.leases.drop(shard)
             return
         except (Conflict, StorageRefused) as e:
             self._isolate(shard, batch, e, retry)
