@@ -949,7 +949,11 @@ def small_disk(owner: str | None) -> Iterator[tuple[Path, Callable[[int], None]]
     """A tmpfs of DISK_MB (root only) owned by `owner`, where Postgres's OS user can reach
     it; yields where it is and how to resize it (MiB), and removes it at the end."""
     if os.geteuid() != 0 or not shutil.which("mount"):
-        services.unavailable("a small disk (a tmpfs)", "mounting one needs root")
+        services.unavailable(
+            "a small disk (a tmpfs)",
+            "mounting one needs root",
+            "run the tests as root to include it",
+        )
     path = Path(tempfile.mkdtemp(prefix="contextlog-disk-"))
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m", "tmpfs", str(path)],
                           capture_output=True, text=True)  # fmt: skip

@@ -17,9 +17,9 @@ from contextlog.worker.store.migrations import migrate
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
-def unavailable(what: str, detail: str) -> NoReturn:
+def unavailable(what: str, detail: str, hint: str = "run the tests with `make test`") -> NoReturn:
     """Skip (or, in CI, fail) a test whose server is missing, saying how to get one."""
-    message = f"{what} is not available ({detail}); run the tests with `make test`"
+    message = f"{what} is not available ({detail}); {hint}"
     if IN_CI:
         pytest.fail(message, pytrace=False)
     pytest.skip(message)
