@@ -5,10 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import fakeredis
+import psycopg
+import pytest
 
 from contextlog.schema import keys
-from contextlog.worker.app import status
+from contextlog.schema.errors import Unavailable
+from contextlog.worker.app import bootstrap, status
+from contextlog.worker.app.config import Settings
 from contextlog.worker.app.status import ShardStatus
+from contextlog.worker.cli import common
 from contextlog.worker.ingest.streams import Streams
 
 
@@ -59,3 +64,20 @@ def test_what_ingest_cannot_reach_is_reported_and_a_full_disk_named() -> None:
         'extend file "base/1/2": No space left on device',
         "ingest cannot use Postgres (ingest-2, for 25 s): Postgres: connection refused",
     ]
+
+
+def test_a_connection_refused_for_want_of_disk_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk can refuse the connection itself (a new backend writes its relation
+    cache file first): the CLI's one line names the disk, not only the server."""
+
+    def refuse(*_: Any) -> Any:
+        def connect() -> Any:
+            raise psycopg.OperationalError("FATAL:  could not write init file")
+
+        return connect
+
+    monkeypatch.setattr(bootstrap, "pg_connector", refuse)
+    with pytest.raises(Unavailable, match="Postgres refuses connections: its disk is full"):
+        common.pg_connect(Settings.from_env({}))
+    assert status.disk_full("could not write init file", connecting=True)
+    assert not status.disk_full("could not write init file")  # not a running server's write

@@ -250,6 +250,14 @@ def stuck_problems(rows: list[ShardStatus]) -> list[str]:
 
 
 DISK_FULL = ("No space left on device", "could not extend file", "53100")
+# A new connection's relation cache file, which Postgres cannot write for want of disk
+# (or of rights to its own data directory, which is not how a running server breaks).
+CONNECT_DISK_FULL = (*DISK_FULL, "could not write init file")
+
+
+def disk_full(error: str, connecting: bool = False) -> bool:
+    """Whether a Postgres error says its disk is full (`connecting`: a refused connection)."""
+    return any(s in error for s in (CONNECT_DISK_FULL if connecting else DISK_FULL))
 
 
 def outage_problems(r: Any, now_ms: int) -> list[str]:
@@ -259,7 +267,7 @@ def outage_problems(r: Any, now_ms: int) -> list[str]:
     out = []
     for down in outages(r, live):
         took = max(0.0, (now_ms - down.since_ms) / 1000)
-        if down.dependency == "postgres" and any(s in down.error for s in DISK_FULL):
+        if down.dependency == "postgres" and disk_full(down.error):
             what = "Postgres refuses writes: its disk is full"
         else:
             what = f"ingest cannot use {down.dependency.capitalize()}"

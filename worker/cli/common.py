@@ -16,6 +16,7 @@ from contextlog.producers.connection import SyncClient
 from contextlog.schema.errors import Unavailable, one_line
 from contextlog.worker.app import bootstrap
 from contextlog.worker.app.config import Settings
+from contextlog.worker.app.status import disk_full
 from contextlog.worker.store.migrations import migrate
 
 EXIT_UNHEALTHY: Final = 1
@@ -128,7 +129,8 @@ def pg_connect(settings: Settings) -> psycopg.Connection[TupleRow]:
     try:
         return bootstrap.pg_connector(settings, WAITS)()
     except psycopg.OperationalError as e:
-        raise Unavailable(f"cannot reach Postgres (DATABASE_URL): {one_line(e)}") from e
+        why = "Postgres refuses connections: its disk is full; " if disk_full(str(e), True) else ""
+        raise Unavailable(f"cannot reach Postgres (DATABASE_URL): {why}{one_line(e)}") from e
 
 
 def migrated(settings: Settings) -> list[str]:
