@@ -5,7 +5,8 @@ drift). `Twin.call("search", ...)` runs the method on whichever the test was giv
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import inspect
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -14,6 +15,12 @@ import pytest
 from contextlog.producers import AsyncContextReader, ContextReader
 from contextlog.schema.defaults import ConversationDefaults
 from contextlog.worker.store.search import index_all
+
+
+def parameters(fn: Callable[..., Any]) -> list[tuple[str, Any, Any]]:
+    """What a method takes (name, kind, default): what two twins, or a fake and the real
+    reader, must share."""
+    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
 
 
 class Twin:

@@ -155,10 +155,7 @@ class Stack:
 
     def problems(self) -> list[str]:
         """What `contextlog status --json` says is wrong (empty when healthy)."""
-        done = self.cli("status", "--json")
-        assert done.returncode in (0, 1) and done.stdout, f"status: {done.returncode} {done.stderr}"
-        problems: list[str] = json.loads(done.stdout)["problems"]
-        return problems
+        return problems_of(self.cli("status", "--json"))
 
     def sigterm(self, p: Process) -> tuple[float, int]:
         """SIGTERM `p` (its process group) and wait for it: how long it took, its exit code."""
@@ -190,6 +187,15 @@ class Stack:
             where = (fields[b"stream"].decode(), fields[b"entry_id"].decode())
             out[where] = fields
         return out
+
+
+def problems_of(status: subprocess.CompletedProcess[str]) -> list[str]:
+    """The problems a `contextlog status --json` run printed (it ran: exit 0 or 1)."""
+    assert status.returncode in (0, 1) and status.stdout, (
+        f"status: {status.returncode} {status.stderr}"
+    )
+    problems: list[str] = json.loads(status.stdout)["problems"]
+    return problems
 
 
 def until(check: Callable[[], object], timeout: float, describe: Callable[[], str]) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import inspect
 import json
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -62,6 +61,7 @@ from contextlog.worker.effects.notify import RedisNotifier
 from examples import discord_bot as db
 from examples import slack_bot as sb
 from tests.support.fake_anthropic import FakeAPI, Outcome
+from tests.support.readers import parameters
 
 T0 = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.UTC)
 SHARDS = 4
@@ -177,12 +177,7 @@ class FakeReader:
 @pytest.mark.parametrize("name", ["context", "sessions", "search"])
 def test_the_fake_reader_takes_what_the_real_one_takes(name: str) -> None:
     """A bot's call the real reader would not accept must fail here too."""
-
-    def shape(method: Any) -> list[tuple[str, Any, Any]]:
-        taken = inspect.signature(method).parameters.values()
-        return [(p.name, p.kind, p.default) for p in taken]
-
-    assert shape(getattr(FakeReader, name)) == shape(getattr(AsyncContextReader, name))
+    assert parameters(getattr(FakeReader, name)) == parameters(getattr(AsyncContextReader, name))
 
 
 def notice(i: int, kind: str, channel: str, **fields: Any) -> Notice:

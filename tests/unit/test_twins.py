@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import inspect
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -29,6 +28,7 @@ from contextlog.schema import codec, keys, signing
 from contextlog.schema import events as ev
 from contextlog.schema import notices as nt
 from contextlog.schema.errors import PushUncertain
+from tests.support.readers import parameters
 
 T0 = dt.datetime(2026, 11, 26, 12, 0, tzinfo=dt.UTC)
 A, C = "alpha", "general"
@@ -42,10 +42,6 @@ CLOSE = {"close": "aclose"}  # the one name that differs: asyncio's convention
 
 def public(cls: type) -> set[str]:
     return {n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n))}
-
-
-def parameters(fn: Callable[..., Any]) -> list[tuple[str, Any, Any]]:
-    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
 
 
 @pytest.mark.parametrize(("sync", "twin"), PAIRS, ids=lambda c: c.__name__)
