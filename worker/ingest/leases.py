@@ -90,6 +90,17 @@ class Leases:
             self.renew()
         return shard in self.owned
 
+    def reread_all(self, delivered: bool = False) -> None:
+        """Every shard we own is recovered before new entries are read: what we read and
+        did not commit, and what a former owner read after we took over, are read again
+        first. `delivered`: as after a restart (re-reading counts a delivery, and the
+        in-flight marker names the suspects)."""
+        for shard in self.owned:
+            if delivered:
+                self.recovering[shard] = True
+            else:
+                self.recovering.setdefault(shard, False)
+
     def drop(self, shard: int) -> None:
         """The shard is not ours any more (lost, fenced or given back)."""
         self.owned.pop(shard, None)

@@ -189,9 +189,7 @@ class Ingest:
     def _outage(self, name: str, error: BaseException) -> None:
         self.health.failed(name, error)
         self.retries += 1
-        # What was read and not committed is still pending with us: re-read it first.
-        for shard in self.leases.owned:
-            self.leases.recovering.setdefault(shard, False)
+        self.leases.reread_all()  # what was read and not committed is pending with us
         self._back_off()
 
     def _crashed(self, error: Exception) -> None:
@@ -201,10 +199,7 @@ class Ingest:
         # The note is for `status`; the retry below does not need it.
         with contextlib.suppress(redis.RedisError):
             self.streams.record_crash(self._now_ms(), f"{type(error).__name__}: {error}")
-        for shard in self.leases.owned:
-            # As after a restart: re-reading counts a delivery, the in-flight marker
-            # names the suspects.
-            self.leases.recovering[shard] = True
+        self.leases.reread_all(delivered=True)  # as after a restart
         self._back_off()
 
     def _back_off(self) -> None:
@@ -226,8 +221,7 @@ class Ingest:
             self._next_lease_check = now + min(1.0, self.settings.lease_seconds / 3)
         if now >= self._next_sweep:
             # Sweep for entries a former owner read after we took its shard over.
-            for shard in self.leases.owned:
-                self.leases.recovering.setdefault(shard, False)
+            self.leases.reread_all()
             self._next_sweep = now + self.settings.lease_seconds / 3
         for shard, taken in sorted(self.leases.recovering.items()):
             self.recover(shard, taken)
